@@ -1,0 +1,61 @@
+# musketeers — every entry point a user needs. `make demo` first, `make test` second.
+SHELL := /bin/bash
+PY_SYS ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+MUSK := $(VENV)/bin/musketeers
+# torch is pinned so pip takes the CPU build on disk instead of a multi-GB CUDA build.
+TORCH ?= torch==2.13.0
+TASK ?= logic
+TEAM ?= naive
+LIMIT ?= 16
+BUDGET ?= smoke
+SEEDS ?=
+TASKS ?=
+SHARED ?= $(abspath ../shared)
+export MUSKETEERS_GSM8K_DIR ?= $(SHARED)/data/gsm8k
+
+.PHONY: install demo test test-slow lint fixtures precompute train ablations bench clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PY_SYS) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)" -e ".[pocket,dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+# The main job on the offline pocket roster: precompute a team over a small slice, train a
+# few steps on it, print what was stored and the routing summary.
+demo: install
+	$(MUSK) precompute --team $(TEAM) --task $(TASK) --limit $(LIMIT)
+	$(MUSK) cache info $(TASK)
+	$(MUSK) train --task $(TASK) --team $(TEAM) --budget smoke --policy smollm2 --run-dir runs/demo
+	$(MUSK) eval runs/demo --limit $(LIMIT)
+
+test: install
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow"
+
+test-slow: install
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m slow
+
+lint: install
+	$(VENV)/bin/ruff check musketeers cache cli tests
+
+fixtures: install
+	$(PY) -m musketeers.cli.main fixtures
+
+precompute: install
+	$(MUSK) precompute --team $(TEAM) --task $(TASK)
+
+train: install
+	$(MUSK) train --task $(TASK) --team $(TEAM)
+
+ablations: install
+	$(MUSK) ablate --budget $(BUDGET) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(TASKS),--tasks $(TASKS))
+
+bench: install
+	$(PY) -m musketeers.bench
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,3 @@
+from musketeers.cli.main import main
+
+main()
