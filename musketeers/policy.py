@@ -1,0 +1,284 @@
+"""The policy π_θ: a causal LM with LoRA, conditioned on context tokens C (paper Eq. 3).
+
+π_{θ,φ}(y | x) := π_θ(y | [x ‖ C]): C (m × d_policy, from the adapter) enters through
+``inputs_embeds`` right after the prompt (``after_prompt``, the paper) or before it
+(``before_prompt``). The reference policy of Eq. 4 is the same weights with the LoRA adapter
+disabled and zero vectors in C's positions, so the token layout matches and no second copy
+of the model is held.
+
+Layout of a batch (one row per sequence):
+
+    [pad … pad | prompt | C ] [completion | pad … pad]
+     └─ prefix, left-padded ─┘ └─ right-padded, from column P ─┘
+
+Every prefix ends at the same column P, so completion token t of every row sits at column
+P + t and its logits at column P + t - 1: one contiguous slice, which lets the LM head run
+only over completion positions (``logits_to_keep``). Position ids count real tokens only
+(cumsum of the mask - 1), the same rule ``generate`` uses, so log-probs of a padded batch
+equal those of each sequence alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+from peft import LoraConfig, get_peft_model
+from torch import Tensor
+from transformers import GenerationConfig
+
+CONTEXT_POSITIONS = ("after_prompt", "before_prompt")
+
+
+class PolicyInputs(NamedTuple):
+    inputs_embeds: Tensor  # [N, P + T, d]
+    attention_mask: Tensor  # [N, P + T] long
+    position_ids: Tensor  # [N, P + T]
+    prefix_len: int  # P: completions start at this column
+    completion_ids: Tensor  # [N, T] (pad where mask is 0)
+    completion_mask: Tensor  # [N, T]
+
+
+def _target_modules(model: torch.nn.Module, wanted: tuple[str, ...]) -> list[str] | None:
+    """The requested LoRA targets when the architecture has them, else None: peft then picks
+    its own per-architecture default (e.g. gpt2 → c_attn)."""
+    leaves = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    return list(wanted) if all(t in leaves for t in wanted) else None
+
+
+class Policy:
+    """LoRA-wrapped causal LM with context tokens spliced into its input embeddings."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        lora_r: int = 8,
+        lora_alpha: int = 16,
+        lora_targets: tuple[str, ...] = ("q_proj", "v_proj"),
+        context_position: str = "after_prompt",
+    ):
+        if context_position not in CONTEXT_POSITIONS:
+            raise ValueError(
+                f"unknown context position {context_position!r}; "
+                f"valid: {', '.join(CONTEXT_POSITIONS)}"
+            )
+        config = LoraConfig(
+            r=lora_r,
+            lora_alpha=lora_alpha,
+            target_modules=_target_modules(model, tuple(lora_targets)),
+            lora_dropout=0.0,  # train and eval forwards must agree (old log-probs, ratio)
+            task_type="CAUSAL_LM",
+        )
+        self.model = get_peft_model(model, config)
+        self.tokenizer = tokenizer
+        self.context_position = context_position
+        emb = self.model.get_input_embeddings()
+        self.embed_dim: int = emb.embedding_dim
+        self.dtype = emb.weight.dtype
+        self.pad_id: int = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        )
+        eos = model.generation_config.eos_token_id
+        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
+            eos.append(tokenizer.eos_token_id)
+        self.eos_ids: list[int] = eos
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+    # ---- prompts -------------------------------------------------------------------------
+
+    def encode_prompts(self, items_or_texts: list[Any]) -> list[list[int]]:
+        """Token ids of each prompt: (system, user) through the chat template with the
+        generation prompt when the tokenizer has one, else the plain text (system, blank
+        line, question) with the tokenizer's own special tokens (e.g. Gemma's <bos>)."""
+        tok = self.tokenizer
+        out = []
+        for it in items_or_texts:
+            if isinstance(it, str):
+                system, question = None, it
+            elif isinstance(it, dict):
+                system, question = it.get("system"), it["question"]
+            else:
+                system, question = getattr(it, "system", None), it.question
+            if getattr(tok, "chat_template", None):
+                messages = [{"role": "system", "content": system}] if system else []
+                messages.append({"role": "user", "content": question})
+                text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+                # the template already holds the special tokens: don't add them twice
+                out.append(tok(text, add_special_tokens=False)["input_ids"])
+            else:
+                text = f"{system}\n\n{question}" if system else question
+                out.append(tok(text)["input_ids"])
+        return out
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    # ---- inputs --------------------------------------------------------------------------
+
+    def build_inputs(
+        self,
+        prompt_ids: list[list[int]],
+        context: Tensor | None,
+        completion_ids: list[list[int]] | None = None,
+    ) -> PolicyInputs:
+        """Embeddings of [pad | prompt ‖ C | completion | pad] (or C before the prompt).
+
+        context is [N, m, d] (or None for no context tokens); it is cast to the policy's
+        dtype differentiably, so gradients reach the adapter that produced it.
+        """
+        n = len(prompt_ids)
+        m = 0 if context is None else context.shape[1]
+        if context is not None and context.shape[0] != n:
+            raise ValueError(f"context has {context.shape[0]} rows for {n} prompts")
+        comps = completion_ids if completion_ids is not None else [[] for _ in range(n)]
+        prefix_len = max(len(p) for p in prompt_ids) + m
+        t = max((len(c) for c in comps), default=0)
+        dev = self.device
+
+        ids = torch.full((n, prefix_len + t), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((n, prefix_len + t), dtype=torch.long)
+        is_ctx = torch.zeros((n, prefix_len + t), dtype=torch.bool)
+        for i, (p, c) in enumerate(zip(prompt_ids, comps, strict=True)):
+            start = prefix_len - len(p) - m
+            p_start = start if self.context_position == "after_prompt" else start + m
+            c_start = start + len(p) if self.context_position == "after_prompt" else start
+            ids[i, p_start : p_start + len(p)] = torch.tensor(p, dtype=torch.long)
+            is_ctx[i, c_start : c_start + m] = True
+            mask[i, start:prefix_len] = 1
+            ids[i, prefix_len : prefix_len + len(c)] = torch.tensor(c, dtype=torch.long)
+            mask[i, prefix_len : prefix_len + len(c)] = 1
+        ids, mask, is_ctx = ids.to(dev), mask.to(dev), is_ctx.to(dev)
+
+        embeds = self.model.get_input_embeddings()(ids)
+        if context is not None and m > 0:
+            # masked_scatter fills C's positions row by row, in order: row i gets context[i]
+            embeds = embeds.masked_scatter(is_ctx.unsqueeze(-1), context.to(dev, self.dtype))
+        position_ids = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        return PolicyInputs(
+            embeds, mask, position_ids, prefix_len, ids[:, prefix_len:], mask[:, prefix_len:]
+        )
+
+    @staticmethod
+    def _expand(prompt_ids: list[list[int]], context: Tensor | None, n: int):
+        """Repeat each of B prompts (and its context) n // B times, group-major."""
+        b = len(prompt_ids)
+        if n == b:
+            return prompt_ids, context
+        if n % b:
+            raise ValueError(f"{n} completions is not a multiple of {b} prompts")
+        g = n // b
+        prompts = [p for p in prompt_ids for _ in range(g)]
+        return prompts, None if context is None else context.repeat_interleave(g, dim=0)
+
+    # ---- sampling ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        context: Tensor | None,
+        *,
+        group_size: int,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> list[list[int]]:
+        """B·G completions (group-major: row b·G + g) from ONE ``generate`` call with the KV
+        cache. Each is cut after its first eos (kept once); padding is stripped.
+
+        Randomness: with ``generator`` a seed is drawn from it and sampling runs under
+        ``torch.random.fork_rng`` seeded with it, so results depend only on the generator's
+        state and the global RNG is untouched; without it, the global torch RNG is used
+        (``torch.manual_seed``). Sampling is from π itself: no top-k, repetition penalty or
+        other processors of the model's ``generation_config`` leak in.
+        """
+        inp = self.build_inputs(prompt_ids, context)
+        embeds = inp.inputs_embeds.repeat_interleave(group_size, dim=0)
+        mask = inp.attention_mask.repeat_interleave(group_size, dim=0)
+        # explicit neutral values: any left None is filled from the checkpoint's generation
+        # config (e.g. Qwen's top_k=20, repetition_penalty=1.05), which would bias sampling
+        sampling = dict(temperature=temperature, top_p=top_p, top_k=0, min_p=0.0, typical_p=1.0)
+        gen_config = GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            do_sample=not greedy,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            num_beams=1,
+            eos_token_id=self.eos_ids,
+            pad_token_id=self.pad_id,
+            **({} if greedy else sampling),
+        )
+
+        def run() -> Tensor:
+            return self.model.generate(
+                inputs_embeds=embeds, attention_mask=mask, generation_config=gen_config
+            )
+
+        if generator is None:
+            out = run()
+        else:
+            seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+            devices = [self.device.index or 0] if self.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(seed)
+                out = run()
+        return [self._strip(row) for row in out.tolist()]
+
+    def _strip(self, row: list[int]) -> list[int]:
+        for i, tok in enumerate(row):
+            if tok in self.eos_ids:
+                return row[: i + 1]
+        return row  # no eos: it ran to max_new_tokens, every token is real
+
+    # ---- log-probs -----------------------------------------------------------------------
+
+    def completion_logprobs(
+        self,
+        prompt_ids: list[list[int]],
+        context: Tensor | None,
+        completion_ids: list[list[int]],
+        *,
+        reference: bool = False,
+        temperature: float = 1.0,
+    ) -> tuple[Tensor, Tensor]:
+        """log π(y_t | [x ‖ C], y_<t) for every completion token: (logp [N, T] float32,
+        mask [N, T]), from one padded forward. prompt_ids/context may have B rows for
+        N = B·G completions (they are repeated group-major).
+
+        reference=True: π_ref of Eq. 4, i.e. LoRA disabled and zero vectors in C's
+        positions (no gradient). Logits are divided by ``temperature`` to match sampling.
+        """
+        prompts, ctx = self._expand(prompt_ids, context, len(completion_ids))
+        if reference:
+            with torch.no_grad(), self.model.disable_adapter():
+                zeros = None if ctx is None else torch.zeros_like(ctx)
+                return self._logprobs(prompts, zeros, completion_ids, temperature)
+        return self._logprobs(prompts, ctx, completion_ids, temperature)
+
+    def _logprobs(self, prompts, context, completion_ids, temperature):
+        inp = self.build_inputs(prompts, context, completion_ids)
+        t = inp.completion_ids.shape[1]
+        # logits only at columns P-1 … P+T-2 (the last T+1 minus the final one): the LM head
+        # over a large vocabulary dominates the cost otherwise
+        out = self.model(
+            inputs_embeds=inp.inputs_embeds,
+            attention_mask=inp.attention_mask,
+            position_ids=inp.position_ids,
+            logits_to_keep=t + 1,
+            use_cache=False,
+        )
+        logits = out.logits[:, :-1].float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        logp = logits.gather(-1, inp.completion_ids.unsqueeze(-1)).squeeze(-1)
+        logp = logp - torch.logsumexp(logits, dim=-1)
+        mask = inp.completion_mask
+        return logp * mask, mask

@@ -1,0 +1,253 @@
+"""The LoRA policy with context tokens: layout, reference, sampling and batched log-probs."""
+
+import pytest
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    LlamaConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+)
+
+from musketeers.policy import Policy
+
+SPECIALS = ["<pad>", "<|im_end|>", "<|im_start|>"]
+CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 +-=?.:\n")
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def char_tokenizer(chat: bool = True) -> PreTrainedTokenizerFast:
+    """A character-level tokenizer built in memory (no hub)."""
+    vocab = {t: i for i, t in enumerate(SPECIALS + CHARS)}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<|im_end|>")
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
+    if chat:
+        tok.chat_template = TEMPLATE
+    return tok
+
+
+TOK = char_tokenizer()
+V = len(SPECIALS) + len(CHARS)
+
+
+def tiny_model(arch: str = "llama", seed: int = 0):
+    torch.manual_seed(seed)
+    common = dict(vocab_size=V, pad_token_id=0, eos_token_id=1)
+    if arch == "gpt2":
+        cfg = GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=256, **common)
+    else:
+        cls = LlamaConfig if arch == "llama" else Qwen2Config
+        cfg = cls(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  **common)
+    return AutoModelForCausalLM.from_config(cfg).eval()
+
+
+def make_policy(arch="llama", position="after_prompt", seed=0, randomize_lora=True):
+    pol = Policy(tiny_model(arch, seed), TOK, context_position=position)
+    if randomize_lora:  # peft inits B = 0; perturb so LoRA actually changes the model
+        with torch.no_grad():
+            for name, p in pol.model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.5)
+    return pol
+
+
+PROMPTS = ["what is 2+2?", "7-3", "hello there general"]
+COMPS = [[5, 6, 7, 1], [8], [9, 10, 11, 12, 13, 14], [1], [20, 21], [22, 23, 24]]
+
+
+def ctx(pol, b=3, m=2, scale=1.0, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return scale * torch.randn(b, m, pol.embed_dim, generator=g)
+
+
+def test_encode_prompts_chat_and_plain():
+    pol = make_policy()
+    ids = pol.encode_prompts([{"system": "be brief", "question": "1+1"}])[0]
+    text = TOK.decode(ids)
+    assert text == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\n1+1<|im_end|>\n" \
+        "<|im_start|>assistant\n"
+    assert ids.count(TOK.convert_tokens_to_ids("<|im_start|>")) == 3  # not added twice
+    plain = Policy(tiny_model(), char_tokenizer(chat=False))
+    assert plain.decode(plain.encode_prompts(["abc"])[0]) == "abc"
+
+
+@pytest.mark.parametrize("position", ["after_prompt", "before_prompt"])
+def test_build_inputs_layout(position):
+    pol = make_policy(position=position)
+    p = pol.encode_prompts(PROMPTS)
+    c = ctx(pol)
+    inp = pol.build_inputs(p, c, COMPS[:3])
+    P = inp.prefix_len
+    assert P == max(map(len, p)) + 2
+    emb = pol.model.get_input_embeddings()
+    for i, (pi, ci) in enumerate(zip(p, COMPS[:3], strict=True)):
+        start = P - len(pi) - 2
+        assert inp.attention_mask[i, :start].sum() == 0 and inp.attention_mask[i, start:P].all()
+        ctx_at = P - 2 if position == "after_prompt" else start
+        assert torch.equal(inp.inputs_embeds[i, ctx_at : ctx_at + 2], c[i])
+        p_at = start if position == "after_prompt" else start + 2
+        assert torch.equal(inp.inputs_embeds[i, p_at : p_at + len(pi)], emb(torch.tensor(pi)))
+        assert inp.completion_ids[i, : len(ci)].tolist() == ci
+        assert inp.completion_mask[i].sum() == len(ci)
+        assert inp.position_ids[i, start:P].tolist() == list(range(len(pi) + 2))
+    with pytest.raises(ValueError, match="valid"):
+        Policy(tiny_model(), TOK, context_position="middle")
+
+
+def one_at_a_time_logprobs(pol, prompt, c, comp, reference=False):
+    """Straightforward per-sequence log-probs: no padding, full logits, plain positions."""
+    model = pol.model
+    emb = model.get_input_embeddings()
+    parts = [emb(torch.tensor(prompt))]
+    if c is not None:
+        c = torch.zeros_like(c) if reference else c
+        parts = parts + [c] if pol.context_position == "after_prompt" else [c] + parts
+    prefix = torch.cat(parts)
+    x = torch.cat([prefix, emb(torch.tensor(comp))]).unsqueeze(0)
+    if reference:
+        with model.disable_adapter():
+            logits = model(inputs_embeds=x).logits[0]
+    else:
+        logits = model(inputs_embeds=x).logits[0]
+    lp = torch.log_softmax(logits.float(), -1)[len(prefix) - 1 : -1]
+    return lp.gather(-1, torch.tensor(comp)[:, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("arch,position", [("llama", "after_prompt"), ("qwen2", "after_prompt"),
+                                           ("llama", "before_prompt"), ("gpt2", "after_prompt")])
+def test_batched_logprobs_and_grads_equal_one_at_a_time(arch, position):
+    pol = make_policy(arch, position)
+    p = pol.encode_prompts(PROMPTS)
+    c = ctx(pol).requires_grad_(True)
+    logp, mask = pol.completion_logprobs(p, c, COMPS)  # 3 prompts × G=2, ragged
+    assert logp.shape == mask.shape == (6, 6)
+    logp.sum().backward()
+    lora = [q for n, q in pol.model.named_parameters() if "lora_" in n]
+    g_batched = [q.grad.clone() for q in lora] + [c.grad.clone()]
+    for q in lora:
+        q.grad = None
+    c.grad = None
+
+    total = 0
+    for n, comp in enumerate(COMPS):
+        ref = one_at_a_time_logprobs(pol, p[n // 2], c[n // 2], comp)
+        assert torch.allclose(logp[n, : len(comp)], ref, atol=1e-5)
+        assert mask[n].sum() == len(comp) and (logp[n, len(comp) :] == 0).all()
+        total = total + ref.sum()
+    total.backward()
+    for a, b in zip(g_batched, [q.grad for q in lora] + [c.grad], strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+    assert c.grad.abs().sum() > 0 and all(q.grad.abs().sum() > 0 for q in lora)
+
+
+def test_reference_is_base_model_with_zero_context():
+    pol = make_policy()
+    base = tiny_model()  # same seed: the weights before LoRA
+    p = pol.encode_prompts(PROMPTS)
+    c = ctx(pol)
+    ref, mask = pol.completion_logprobs(p, c, COMPS, reference=True)
+    assert not ref.requires_grad
+    emb = base.get_input_embeddings()
+    for n, comp in enumerate(COMPS):
+        x = torch.cat([emb(torch.tensor(p[n // 2])), torch.zeros(2, pol.embed_dim),
+                       emb(torch.tensor(comp))]).unsqueeze(0)
+        lp = torch.log_softmax(base(inputs_embeds=x).logits[0], -1)
+        lp = lp[len(p[n // 2]) + 1 : -1].gather(-1, torch.tensor(comp)[:, None]).squeeze(-1)
+        assert torch.allclose(ref[n, : len(comp)], lp, atol=1e-5)
+    # the trained policy with real C differs from its reference
+    cur, _ = pol.completion_logprobs(p, c, COMPS)
+    assert (cur - ref).abs().max() > 1e-3
+
+
+def test_reference_equals_policy_at_peft_init_and_zero_context():
+    pol = make_policy(randomize_lora=False)
+    p = pol.encode_prompts(PROMPTS)
+    zero = torch.zeros(3, 2, pol.embed_dim)
+    ref, _ = pol.completion_logprobs(p, ctx(pol), COMPS, reference=True)
+    cur, _ = pol.completion_logprobs(p, zero, COMPS)
+    assert torch.allclose(cur, ref, atol=1e-6)
+    # the `single` method: no context tokens at all
+    ref0, _ = pol.completion_logprobs(p, None, COMPS, reference=True)
+    cur0, _ = pol.completion_logprobs(p, None, COMPS)
+    assert torch.allclose(cur0, ref0, atol=1e-6) and (cur0 - cur).abs().max() > 1e-4
+
+
+def test_context_changes_distribution():
+    pol = make_policy()
+    p = pol.encode_prompts(PROMPTS)
+    a, _ = pol.completion_logprobs(p, ctx(pol, scale=0.0), COMPS)
+    b, _ = pol.completion_logprobs(p, ctx(pol, scale=1.0), COMPS)
+    assert (a - b).abs().max() > 1e-2
+
+
+def manual_greedy(pol, prompt, c, steps):
+    model, emb = pol.model, pol.model.get_input_embeddings()
+    x = torch.cat([emb(torch.tensor(prompt)), c]).unsqueeze(0)
+    out = []
+    with torch.no_grad():
+        for _ in range(steps):
+            nxt = int(model(inputs_embeds=x).logits[0, -1].argmax())
+            out.append(nxt)
+            if nxt in pol.eos_ids:
+                break
+            x = torch.cat([x, emb(torch.tensor([[nxt]]))], dim=1)
+    return out
+
+
+def test_greedy_generate_equals_manual_loop_and_one_call(monkeypatch):
+    pol = make_policy()
+    pol.eos_ids = [V + 5]  # unreachable: every row runs the full length
+    p = pol.encode_prompts(PROMPTS)
+    c = ctx(pol)
+    calls = []
+    orig = pol.model.generate
+    monkeypatch.setattr(pol.model, "generate", lambda **kw: calls.append(kw) or orig(**kw))
+    out = pol.generate(p, c, group_size=2, max_new_tokens=8, greedy=True)
+    assert len(calls) == 1 and calls[0]["inputs_embeds"].shape[0] == 6
+    assert len(out) == 6
+    for n, row in enumerate(out):
+        assert row == manual_greedy(pol, p[n // 2], c[n // 2], 8)  # new tokens only
+        assert row == out[n - n % 2]  # greedy: both members of a group agree
+
+    # now stop at a token the model does emit: each row is cut after its first one
+    stop = out[0][3]
+    pol.eos_ids = [stop]
+    cut = pol.generate(p, c, group_size=2, max_new_tokens=8, greedy=True)
+    for full, short in zip(out, cut, strict=True):
+        k = full.index(stop) + 1 if stop in full else len(full)
+        assert short == full[:k]
+
+
+def test_sampling_reproducible_and_from_pi():
+    pol = make_policy()
+    pol.eos_ids = [V + 5]
+    pol.model.generation_config.top_k = 1  # must not leak into sampling (would be greedy)
+    p = pol.encode_prompts(PROMPTS[:2])
+    c = ctx(pol, b=2)
+    kw = dict(group_size=4, max_new_tokens=6)
+    a = pol.generate(p, c, generator=torch.Generator().manual_seed(3), **kw)
+    torch.manual_seed(123)  # global RNG must not matter when a generator is given
+    b = pol.generate(p, c, generator=torch.Generator().manual_seed(3), **kw)
+    assert a == b and len(a) == 8
+    assert len({tuple(r) for r in a[:4]}) > 1  # distinct samples within a group
+    torch.manual_seed(7)
+    g1 = pol.generate(p, c, **kw)
+    torch.manual_seed(7)
+    assert pol.generate(p, c, **kw) == g1
+
+
+def test_lora_targets_per_architecture():
+    assert any("q_proj.lora_A" in n for n, _ in make_policy("qwen2").model.named_parameters())
+    gpt = make_policy("gpt2")
+    names = [n for n, q in gpt.model.named_parameters() if q.requires_grad]
+    assert names and all("c_attn.lora_" in n for n in names)
