@@ -1,0 +1,230 @@
+"""``python -m musketeers.bench`` (``make bench``): every section, one table, BENCHMARKS.md.
+
+    python -m musketeers.bench                  # the full suite (~30 min on a 2-core CPU)
+    python -m musketeers.bench --quick          # one repetition of everything, small inputs
+    python -m musketeers.bench --only matmul,reads
+
+A section that cannot run (a missing model, TRL not installable) becomes a SKIP row naming
+why; the others still run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+
+from musketeers.bench import report as rp
+from musketeers.bench.machine import OFFLINE_ENV, machine_info, median, set_threads, versions
+
+log = logging.getLogger("musketeers.bench")
+SECTIONS = ("matmul", "precompute", "reads", "train", "trl", "gpu")
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m musketeers.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="1 repetition, 8 prompts, 1 training step: a smoke run, not figures")
+    p.add_argument("--reps", type=int, default=3, help="repetitions per measurement (≥ 3)")
+    p.add_argument("--only", default=",".join(SECTIONS), help=f"comma list of {SECTIONS}")
+    p.add_argument("--task", default="logic", help="task whose prompts precompute/train use")
+    p.add_argument("--prompts", type=int, default=64, help="prompts per precompute pass")
+    p.add_argument("--team", default="default", help="pocket team of the precompute/train rows")
+    p.add_argument("--roster", default="pocket", help="roster of the team (tiny: test models)")
+    p.add_argument("--policy", default=None, help="policy of the train rows (default: budget's)")
+    p.add_argument("--trl-policy", default="smollm2", help="policy of the single-vs-TRL rows")
+    p.add_argument("--read-rows", type=int, default=16000, help="rows of the cache-read store")
+    p.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"))
+    p.add_argument("--work-dir", type=Path, default=None,
+                   help="where stores and runs go (default: a temporary folder)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.reps, args.prompts, args.read_rows = 1, min(args.prompts, 8), min(args.read_rows, 2000)
+    unknown = set(args.only.split(",")) - set(SECTIONS)
+    if unknown:
+        p.error(f"unknown sections {sorted(unknown)}; use {SECTIONS}")
+    return args
+
+
+def section_matmul(rep: rp.Report, args, ctx: dict) -> None:
+    from musketeers.bench.matmul import ceilings
+
+    ceil = ceilings("cpu", 2048, args.reps)
+    ctx["ceil"] = ceil
+    for k, v in ceil.items():
+        rep.measure("matmul", f"2048² {k}", "FLOP/s", v)
+        rep.row("matmul", f"{k} ceiling (2048², {ctx['threads']} threads)", rp.si(median(v),
+                "FLOP/s"))
+
+
+def section_precompute(rep: rp.Report, args, ctx: dict) -> None:
+    import time
+
+    from musketeers.bench.precompute_bench import TARGETS, bench_expert, summarize
+    from musketeers.cache.precompute import PrecomputeConfig, precompute_task, resolve_dtype
+    from musketeers.tasks import build_items, task_spec
+    from musketeers.teams import resolve_team
+
+    specs = resolve_team(args.team, args.roster)
+    items = build_items(args.task, "train", limit=args.prompts)
+    dtype = resolve_dtype("auto", "cpu")
+    rep.notes.append(f"precompute: {len(items)} {args.task} train prompts per pass, dtype "
+                     f"{str(dtype).removeprefix('torch.')}; FLOPs = 2 · non-embedding params · "
+                     "tokens (attention's T² term not counted)")
+    for spec in specs:
+        r = bench_expert(spec, items, "cpu", dtype, args.reps, args.reps)
+        summarize(rep, r, ctx["ceil"], "precompute", TARGETS)
+    # the store the training rows read, built by the real command path (timed once)
+    t0 = time.perf_counter()
+    precompute_task(ctx["work"] / "stores", args.task, task_spec(args.task), {"train": items},
+                    specs, PrecomputeConfig(dtype=dtype, router=False))
+    rep.measure("precompute", f"precompute_task end to end ({len(specs)} experts, with loads "
+                "and Zarr writes)", "s", [time.perf_counter() - t0])
+    ctx["store_ready"] = True
+
+
+def section_reads(rep: rp.Report, args, ctx: dict) -> None:
+    from musketeers.bench.reads_bench import bench_reads
+
+    r = bench_reads(ctx["work"] / "reads", args.read_rows, args.reps, batch_rows=4)
+    for key, unit in (("read_vectors_s", "s"), ("load_split_s", "s"), ("lookup_s", "s/lookup")):
+        rep.measure("reads", f"{key.removesuffix('_s')} ({r['rows']} rows × {r['experts']})",
+                    unit, r[key])
+    rep.row("reads", f"load a run's vectors ({r['rows']} rows × 3 experts, {r['mib']:.0f} MiB)",
+            f"{median(r['load_split_s']):.2f} s (read_vectors alone "
+            f"{median(r['read_vectors_s']):.2f} s)")
+    ctx["reads"] = r
+
+
+def reads_fraction(rep: rp.Report, ctx: dict) -> None:
+    """Per-step read time (row lookups + the one-off load amortised over the pocket run's
+    steps) over the cached step time."""
+    from musketeers.config import BUDGETS
+
+    r, step = ctx.get("reads"), ctx.get("cached_step_s")
+    if r is None:
+        return
+    if step is None:
+        rep.skip("reads", "per-step read / step time", "no cached training step measured")
+        return
+    b = BUDGETS["pocket"]
+    per_step = median(r["lookup_s"]) * b["grad_accum"] + median(r["load_split_s"]) / b["steps"]
+    rep.check("reads", f"per-step read ({per_step * 1e3:.2f} ms) / step time",
+              per_step / step, 0.01, "{:.3%}", higher_is_better=False)
+
+
+def section_train(rep: rp.Report, args, ctx: dict) -> None:
+    from musketeers.bench.train_bench import bench_train, expert_flop_share
+
+    if not ctx.get("store_ready"):
+        rep.skip("train", "cached vs live", "needs the precompute section's store")
+        return
+    overrides = {"team": args.team, "roster": args.roster}
+    if args.policy:
+        overrides["policy"] = args.policy
+    if args.quick:
+        overrides.update(prompts_per_micro=2, grad_accum=1, group_size=2, max_new_tokens=8)
+    res = bench_train(ctx["work"] / "stores", ctx["work"] / "runs", args.task, "cpu",
+                      args.reps, 0 if args.quick else 1, overrides)
+    for side, r in res.items():
+        if "error" in r:
+            rep.skip("train", f"{side} step", r["error"])
+            return
+        rep.measure("train", f"{side} step", "s/step", r["step_s"])
+        rep.measure("train", f"{side} peak RSS", "MiB", [r["peak_rss_mib"]])
+    c, lv = res["cached"], res["live"]
+    ctx["cached_step_s"] = median(c["step_s"])
+    rep.row("train", f"policy {c['policy']}, team {c['team']}, {c['dtype']}",
+            f"{c['completions_per_step']} completions × {c['completion_len'][0]:.0f} tokens/step")
+    rep.row("train", "s/step cached | live",
+            f"{median(c['step_s']):.1f} | {median(lv['step_s']):.1f} (experts "
+            f"{median(lv['expert_s']):.2f} s of it)")
+    share = expert_flop_share(lv)
+    saving = 1 - median(c["step_s"]) / median(lv["step_s"])
+    rep.check("train", "time saved by the cache (vs experts' FLOP share)", saving, share,
+              "{:.1%}")
+    saved_mib = lv["peak_rss_mib"] - c["peak_rss_mib"]
+    rep.row("train", "peak RSS cached | live",
+            f"{c['peak_rss_mib']:.0f} | {lv['peak_rss_mib']:.0f} MiB")
+    rep.check("train", "memory saved (vs experts' weights)", saved_mib,
+              lv["experts_weights_mib"], "{:.0f} MiB")
+
+
+def section_trl(rep: rp.Report, args, ctx: dict) -> None:
+    from musketeers.bench.trl_bench import bench_trl
+
+    res = bench_trl(ctx["work"] / "stores", ctx["work"] / "runs", args.trl_policy, args.reps,
+                    0 if args.quick else 1)
+    for side, r in res.items():
+        if "error" in r:
+            rep.skip("trl", f"{side} step", r["error"])
+        else:
+            rep.measure("trl", f"{side} step", "s/step", r["step_s"])
+            rep.measure("trl", f"{side} peak RSS", "MiB", [r["peak_rss_mib"]])
+    if any("error" in r for r in res.values()):
+        return
+    ours, trl = median(res["single"]["step_s"]), median(res["trl"]["step_s"])
+    rep.row("trl", "s/step single | TRL GRPOTrainer", f"{ours:.1f} | {trl:.1f}")
+    rep.row("trl", "peak RSS single | TRL", f"{res['single']['peak_rss_mib']:.0f} | "
+            f"{res['trl']['peak_rss_mib']:.0f} MiB")
+    rep.row("trl", "completion lengths single | TRL",
+            f"{res['single']['completion_len']} | {res['trl']['completion_len']}")
+    rep.check("trl", "steps/s single ÷ TRL (equal work)", trl / ours, 2.5, "{:.2f}×")
+
+
+def section_gpu(rep: rp.Report, args, ctx: dict) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        rep.row("gpu", "CUDA", "no GPU")
+        return
+    from musketeers.bench.gpu import PAPER_SHAPES, bench_gpu_expert
+    from musketeers.bench.matmul import ceilings
+    from musketeers.bench.precompute_bench import summarize
+
+    name = torch.cuda.get_device_name(0)
+    ceil = ceilings("cuda", 8192, args.reps)
+    for k, v in ceil.items():
+        rep.measure("gpu", f"8192² {k} on {name}", "FLOP/s", v)
+        rep.row("gpu", f"{k} matmul ceiling ({name})", rp.si(median(v), "FLOP/s"))
+    lengths = ctx.get("lengths") or [180 + (37 * i) % 220 for i in range(256)]
+    rep.notes.append("gpu: paper-roster shapes built from config with RANDOM weights "
+                     "(throughput only, meaningless for accuracy)")
+    for shape in PAPER_SHAPES:
+        summarize(rep, bench_gpu_expert(shape, lengths, args.reps, 1), ceil, "gpu", {})
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    os.environ.update(OFFLINE_ENV)
+    threads = set_threads()
+    command = "python -m musketeers.bench " + shlex.join(sys.argv[1:] if argv is None else argv)
+    rep = rp.Report(machine_info(), versions(), command.strip())
+    wanted = args.only.split(",")
+    with tempfile.TemporaryDirectory(prefix="musketeers-bench-") as tmp:
+        work = args.work_dir or Path(tmp)
+        ctx = {"threads": threads, "work": work}
+        if "matmul" not in wanted and "precompute" in wanted:
+            wanted.insert(0, "matmul")  # precompute's fractions need the ceiling
+        for name in (s for s in SECTIONS if s in wanted):
+            log.info("bench section %s", name)
+            try:
+                globals()[f"section_{name}"](rep, args, ctx)
+            except Exception as exc:  # noqa: BLE001 - one failed section must not hide the rest
+                log.exception("section %s failed", name)
+                rep.skip(name, "section", f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+        reads_fraction(rep, ctx)
+    rp.print_table(rep)
+    rp.write_markdown(rep, args.out)
+    log.info("wrote %s", args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""The results of a bench run: raw repetitions, the ratio table, and BENCHMARKS.md.
+
+A :class:`Measure` keeps every repetition (the markdown lists them all); a :class:`Row` is one
+line of the summary table: a figure, its target and PASS/MISS (or a note when it was skipped).
+The hand-written "Attempts" section of an existing BENCHMARKS.md is kept across runs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from musketeers.bench.machine import median
+
+ATTEMPTS_MARK = "## Attempts"
+
+
+@dataclass
+class Measure:
+    section: str
+    name: str
+    unit: str
+    reps: list[float]
+
+    @property
+    def median(self) -> float:
+        return median(self.reps)
+
+
+@dataclass
+class Row:
+    section: str
+    metric: str
+    value: str
+    target: str = ""
+    status: str = ""  # PASS, MISS, SKIP or ""
+
+
+@dataclass
+class Report:
+    machine: dict[str, Any]
+    versions: dict[str, str]
+    command: str
+    date: str = field(default_factory=lambda: dt.datetime.now().isoformat(timespec="seconds"))
+    measures: list[Measure] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def measure(self, section: str, name: str, unit: str, reps: list[float]) -> Measure:
+        m = Measure(section, name, unit, list(reps))
+        self.measures.append(m)
+        return m
+
+    def row(self, section: str, metric: str, value: str, target: str = "",
+            status: str = "") -> None:
+        self.rows.append(Row(section, metric, value, target, status))
+
+    def check(self, section: str, metric: str, value: float, target: float, fmt: str,
+              higher_is_better: bool = True) -> None:
+        """A row with PASS/MISS against ``target``; ``fmt`` formats both, e.g. '{:.0%}'."""
+        ok = value >= target if higher_is_better else value <= target
+        sign = "≥" if higher_is_better else "≤"
+        status = "MISS" if math.isnan(value) else ("PASS" if ok else "MISS")
+        self.row(section, metric, fmt.format(value), f"{sign} {fmt.format(target)}", status)
+
+    def skip(self, section: str, metric: str, why: str) -> None:
+        self.row(section, metric, "—", "", f"SKIP: {why}")
+
+
+def si(x: float, unit: str = "") -> str:
+    """1.23e11 → '123 G' + unit (three significant digits)."""
+    if x is None or math.isnan(x):
+        return "n/a"
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:.3g} {prefix}{unit}"
+    return f"{x:.3g} {unit}".strip()
+
+
+def md_table(header: list[str], rows: list[list[str]]) -> str:
+    """A GitHub markdown table; pipes inside cells are escaped."""
+    def cell(s: Any) -> str:
+        return str(s).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(cell(h) for h in header) + " |",
+             "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def to_markdown(report: Report, attempts: str = "") -> str:
+    m = report.machine
+    flags = f"avx512_bf16={'yes' if m.get('avx512_bf16') else 'no'}, " \
+            f"amx_bf16={'yes' if m.get('amx_bf16') else 'no'}"
+    vers = ", ".join(f"{k} {v}" for k, v in report.versions.items())
+    parts = [
+        "# Benchmarks",
+        "",
+        "Written by `make bench` (`python -m musketeers.bench`); every ratio is measured side by "
+        "side in the same run. Raw figures of every repetition are listed under the summary.",
+        "",
+        f"- date: {report.date}",
+        f"- command: `{report.command}`",
+        f"- machine: {m.get('cpu')}, {m.get('physical_cores')} physical cores "
+        f"({m.get('logical_cpus')} logical), {m.get('memory_gib')} GiB, {flags}; "
+        f"GPU: {m.get('gpu')}",
+        f"- versions: {vers}",
+        "",
+        "## Summary",
+        "",
+        md_table(["section", "metric", "value", "target", "status"],
+                 [[r.section, r.metric, r.value, r.target, r.status] for r in report.rows]),
+        "",
+        "## Raw figures",
+        "",
+        md_table(["section", "measure", "unit", "median", "repetitions"],
+                 [[x.section, x.name, x.unit, _fmt(x.median), ", ".join(_fmt(v) for v in x.reps)]
+                  for x in report.measures]),
+        "",
+    ]
+    if report.notes:
+        parts += ["## Notes", ""] + [f"- {n}" for n in report.notes] + [""]
+    parts.append(attempts.strip() + "\n" if attempts.strip() else
+                 f"{ATTEMPTS_MARK}\n\n(none recorded yet)\n")
+    return "\n".join(parts)
+
+
+def kept_attempts(path: Path) -> str:
+    """The hand-written attempts log of an existing BENCHMARKS.md (from its heading on)."""
+    if not path.is_file():
+        return ""
+    text = path.read_text()
+    i = text.find(ATTEMPTS_MARK)
+    return text[i:] if i >= 0 else ""
+
+
+def write_markdown(report: Report, path: Path) -> None:
+    text = to_markdown(report, kept_attempts(path))
+    tmp = path.with_suffix(".md.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def print_table(report: Report) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="musketeers bench (ratios measured side by side in this run)")
+    for col in ("section", "metric", "value", "target", "status"):
+        table.add_column(col)
+    colors = {"PASS": "green", "MISS": "red"}
+    for r in report.rows:
+        color = colors.get(r.status, "yellow" if r.status.startswith("SKIP") else "")
+        status = f"[{color}]{r.status}[/]" if color else r.status
+        table.add_row(r.section, r.metric, r.value, r.target, status)
+    Console().print(table)
+    for n in report.notes:
+        Console().print(f"[dim]- {n}[/]")

@@ -1,0 +1,165 @@
+"""Training step, pocket budget, default team: experts read from the cache vs computed live.
+
+Each side runs in its own child process (``worker``) so its peak RSS is its own. The live
+side loads every expert of the team and, for each micro-batch, runs the cache's own row
+computation (``compute_rows``: backbone, Eq. 5 poolings) on the step's prompts, feeding the
+trainer through its ``vector_source`` hook; everything else (policy, adapter, sampling,
+GRPO update) is the same code. Both sides sample every completion to ``max_new_tokens``
+(eos suppressed until then) so they do exactly the same work whatever the vectors are.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from musketeers.bench.machine import peak_rss_mib, set_threads
+from musketeers.cache.items import Item
+
+# reader pooling name -> compute_rows array (index -1 of layers_mean = the last layer's mean)
+POOLED = {"last": "last", "first_token": "first", "random_token": "random"}
+
+
+def force_full_length(policy) -> None:
+    """Make every completion exactly ``max_new_tokens`` long (equal work across runs).
+
+    Wraps the policy's ``generate`` so its GenerationConfig gets ``min_new_tokens =
+    max_new_tokens``: eos cannot be sampled before then.
+    """
+    inner = policy.model.generate
+
+    def generate(*args, generation_config=None, **kwargs):
+        generation_config.min_new_tokens = generation_config.max_new_tokens
+        return inner(*args, generation_config=generation_config, **kwargs)
+
+    policy.model.generate = generate
+
+
+class LiveExperts:
+    """The trainer's ``vector_source``: each step's pooled vectors computed by the experts."""
+
+    def __init__(self, specs, pooling: str, device: str, dtype: torch.dtype, seed: int):
+        from musketeers.cache.experts import load_expert
+        from musketeers.cache.precompute import PrecomputeConfig
+
+        if pooling not in POOLED and pooling != "mean":
+            raise ValueError(f"live experts support poolings {[*POOLED, 'mean']}, not {pooling}")
+        self.pooling = pooling
+        self.cfg = PrecomputeConfig(device=device, dtype=dtype, seed=seed)
+        self.experts = [load_expert(s, device, dtype) for s in specs]
+        self.weights_bytes = sum(p.numel() * p.element_size() for m, _ in self.experts
+                                 for p in m.parameters())
+        self.seconds = 0.0
+        self.tokens = [0] * len(self.experts)
+
+    def __call__(self, items: list[Item], rows: torch.Tensor) -> list[torch.Tensor]:
+        from musketeers.cache.precompute import compute_rows
+
+        t0 = time.perf_counter()
+        out = []
+        for i, (model, tok) in enumerate(self.experts):
+            arrays, n_tok = compute_rows(model, tok, items, rows.numpy(), self.cfg)
+            self.tokens[i] += n_tok
+            v = arrays["layers_mean"][:, -1] if self.pooling == "mean" else \
+                arrays[POOLED[self.pooling]]
+            out.append(torch.from_numpy(np.ascontiguousarray(v)))
+        self.seconds += time.perf_counter() - t0
+        return out
+
+
+def train_config(params: dict[str, Any]):
+    from musketeers.config import resolve_config
+
+    overrides = {"budget": "pocket", "task": params["task"], "team": params.get("team", "default"),
+                 "cache_dir": params["cache_dir"], "run_dir": params["run_dir"],
+                 "method": params.get("method", "perceiver"), "device": params["device"],
+                 "steps": params["warmup"] + params["reps"]}
+    overrides.update(params.get("overrides", {}))
+    return resolve_config(overrides=overrides)
+
+
+def run_steps(params: dict[str, Any]) -> dict[str, Any]:
+    """In a child: build the run, then time ``warmup + reps`` calls of ``train_step``."""
+    from musketeers.trainer import DTYPES, build_components, make_optimizer, train_step
+
+    threads = set_threads()
+    cfg = train_config(params)
+    data, policy, adapter = build_components(cfg, "train")
+    force_full_length(policy)
+    optimizer, scheduler = make_optimizer(cfg, policy, adapter)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    source = None
+    if params.get("live"):
+        from musketeers.teams import resolve_team
+
+        team_file = Path(cfg.team_file) if cfg.team_file else None
+        specs = resolve_team(cfg.team, cfg.roster, cfg.experts, team_file)
+        source = LiveExperts(specs, cfg.pooling, cfg.device, DTYPES[cfg.dtype], cfg.seed)
+    times, lens, expert_s = [], [], []
+    for step in range(cfg.steps):
+        before = source.seconds if source else 0.0
+        t0 = time.perf_counter()
+        row = train_step(cfg, step, policy, adapter, data, optimizer, scheduler, generator,
+                         vector_source=source)
+        times.append(time.perf_counter() - t0)
+        lens.append(row["completion_len"])
+        expert_s.append((source.seconds if source else 0.0) - before)
+    w = params["warmup"]
+    prompt_len = float(np.mean([len(p) for p in policy.encode_prompts(data.items)]))
+    return {
+        "step_s": times[w:], "warmup_s": times[:w], "expert_s": expert_s[w:],
+        "completion_len": lens, "peak_rss_mib": peak_rss_mib(), "threads": threads,
+        "policy_params": _frozen_params(policy.model), "prompt_len": prompt_len,
+        "context_tokens": cfg.latents if adapter is not None else 0,
+        "completions_per_step": cfg.prompts_per_micro * cfg.grad_accum * cfg.group_size,
+        "prompts_per_step": cfg.prompts_per_micro * cfg.grad_accum,
+        "expert_tokens_per_prompt": [t / max(1, cfg.steps * cfg.prompts_per_micro *
+                                             cfg.grad_accum) for t in source.tokens]
+        if source else [],
+        "expert_params": [_frozen_params(m) for m, _ in source.experts] if source else [],
+        "experts_weights_mib": source.weights_bytes / 2**20 if source else 0.0,
+        "inner_iters": cfg.inner_iters, "beta": cfg.beta, "dtype": cfg.dtype,
+        "policy": cfg.policy, "team": cfg.team,
+    }
+
+
+def _frozen_params(model) -> int:
+    from musketeers.bench.precompute_bench import non_embedding_params
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return non_embedding_params(base)
+
+
+def expert_flop_share(r: dict[str, Any]) -> float:
+    """Experts' share of a live step's FLOPs (2·N·tokens per forward, 4·N·tokens fwd+bwd).
+
+    Policy per step: sampling (prefill + new tokens) 2·N_p·T, the reference log-probs
+    (β > 0) 2·N_p·T, μ inner iterations of forward+backward 4·N_p·T each, with
+    T = completions × (prompt + context + completion tokens). Experts: 2·N_i·(their prompt
+    tokens) per prompt. An estimate: attention's T² terms and the adapter are left out.
+    """
+    t = r["completions_per_step"] * (r["prompt_len"] + r["context_tokens"] +
+                                     float(np.mean(r["completion_len"])))
+    passes = 2 + (2 if r["beta"] > 0 else 0) + 4 * r["inner_iters"]
+    policy = passes * r["policy_params"] * t
+    experts = sum(2.0 * n * tok * r["prompts_per_step"]
+                  for n, tok in zip(r["expert_params"], r["expert_tokens_per_prompt"],
+                                    strict=True))
+    return experts / (experts + policy)
+
+
+def bench_train(cache_dir: Path, run_root: Path, task: str, device: str, reps: int, warmup: int,
+                overrides: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    from musketeers.bench.machine import run_child
+
+    out = {}
+    for side in ("cached", "live"):
+        params = {"task": task, "cache_dir": str(cache_dir), "run_dir": str(run_root / side),
+                  "device": device, "reps": reps, "warmup": warmup, "live": side == "live",
+                  "overrides": overrides or {}}
+        out[side] = run_child("train", params)
+    return out

@@ -1,0 +1,150 @@
+"""The ``single`` method vs TRL's ``GRPOTrainer`` at equal work (issue 3).
+
+Same policy (the converted SmolLM2-135M-Instruct copy in the models dir), same prompts
+(``gsm_symbolic`` with the DeepSeekZero system prompt, through the chat template), G = 4,
+4 prompts per step, exactly 64 new tokens per completion on both sides (eos suppressed until
+then), LoRA r = 8 / α = 16 on q_proj, v_proj, β = 0.04, lr 1e-4, bf16 weights on both sides.
+TRL pitfalls handled (MODELS.md): dtype through ``model_init_kwargs``; gradient checkpointing
+off (its default is on, which would only slow TRL down on this small model);
+``per_device_train_batch_size`` counts completions (16 = 4 groups of 4).
+
+TRL is installed only for this benchmark, into the running venv, with every already-installed
+core package pinned so pip cannot move them; the row is skipped when pip cannot install it.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from musketeers.bench.machine import peak_rss_mib, set_threads
+
+TRL_VERSION = "1.16.0"
+PINNED = ("torch", "transformers", "peft", "accelerate", "datasets", "numpy", "safetensors")
+SHARED = {"prompts": 4, "group_size": 4, "max_new_tokens": 64, "lora_r": 8, "beta": 0.04,
+          "lr": 1e-4}
+
+
+def ensure_trl(version: str = TRL_VERSION) -> str | None:
+    """None when ``trl==version`` is importable (installing it if needed), else why not."""
+    try:
+        if importlib.metadata.version("trl") == version:
+            return None
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    pins = []
+    for pkg in PINNED:
+        try:
+            pins.append(f"{pkg}=={importlib.metadata.version(pkg)}")
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write("\n".join(pins) + "\n")
+    cmd = [sys.executable, "-m", "pip", "install", "-q", f"trl=={version}", "-c", f.name]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    except (subprocess.TimeoutExpired, OSError) as exc:
+        return f"pip could not install trl=={version} ({exc})"
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"pip could not install trl=={version}: {last[:200]}"
+    return None
+
+
+def run_single(params: dict[str, Any]) -> dict[str, Any]:
+    """In a child: our ``single`` method, ``warmup + reps`` steps of ``train_step``."""
+    from musketeers.bench.train_bench import run_steps
+
+    overrides = {"method": "single", "policy": params["policy"], "budget": "pocket",
+                 "prompts_per_micro": SHARED["prompts"], "grad_accum": 1,
+                 "group_size": SHARED["group_size"], "max_new_tokens": SHARED["max_new_tokens"],
+                 "lora_r": SHARED["lora_r"], "beta": SHARED["beta"], "lr": SHARED["lr"],
+                 "dtype": "bfloat16"}
+    return run_steps({**params, "task": "gsm_symbolic", "overrides": overrides})
+
+
+def run_trl(params: dict[str, Any]) -> dict[str, Any]:
+    """In a child: TRL's GRPOTrainer on the same policy, prompts and budget."""
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from musketeers.cache.experts import resolve_local
+    from musketeers.cache.reader import read_items
+    from musketeers.tasks import score
+    from musketeers.teams import policy_spec
+
+    threads = set_threads()
+    items = read_items(params["cache_dir"], "gsm_symbolic", "train")
+    ds = Dataset.from_list([
+        {"prompt": [{"role": "system", "content": it.system},
+                    {"role": "user", "content": it.question}], "row": i}
+        for i, it in enumerate(items)])
+
+    def reward(completions, row, **_):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [float(score(items[r], t)) for t, r in zip(texts, row, strict=True)]
+
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.t0, self.times = 0.0, []
+
+        def on_step_begin(self, *_, **__):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *_, **__):
+            self.times.append(time.perf_counter() - self.t0)
+
+    steps = params["warmup"] + params["reps"]
+    n = SHARED["max_new_tokens"]
+    args = GRPOConfig(
+        output_dir=str(Path(params["run_dir"])), use_cpu=True, bf16=True,
+        model_init_kwargs={"dtype": torch.bfloat16}, gradient_checkpointing=False,
+        per_device_train_batch_size=SHARED["prompts"] * SHARED["group_size"],
+        num_generations=SHARED["group_size"], max_completion_length=n,
+        generation_kwargs={"min_new_tokens": n}, temperature=1.0,
+        learning_rate=SHARED["lr"], beta=SHARED["beta"], max_steps=steps, logging_steps=1,
+        report_to="none", save_strategy="no", seed=0, dataloader_num_workers=0)
+    timer = StepTimer()
+    trainer = GRPOTrainer(
+        model=resolve_local(policy_spec(params["policy"])), reward_funcs=reward, args=args,
+        train_dataset=ds, callbacks=[timer],
+        peft_config=LoraConfig(r=SHARED["lora_r"], lora_alpha=16,
+                               target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    trainer.train()
+    lens = [h["completions/mean_length"] for h in trainer.state.log_history
+            if "completions/mean_length" in h]
+    w = params["warmup"]
+    return {"step_s": timer.times[w:], "warmup_s": timer.times[:w], "completion_len": lens,
+            "peak_rss_mib": peak_rss_mib(), "threads": threads}
+
+
+def write_items_store(cache_dir: Path, limit: int) -> None:
+    """An items-only gsm_symbolic store: all that ``single`` reads (no expert runs)."""
+    from musketeers.cache.precompute import PrecomputeConfig, precompute_task
+    from musketeers.tasks import build_items, task_spec
+
+    items = build_items("gsm_symbolic", "train", limit=limit)
+    precompute_task(cache_dir, "gsm_symbolic", task_spec("gsm_symbolic"), {"train": items}, [],
+                    PrecomputeConfig(router=False))
+
+
+def bench_trl(cache_dir: Path, run_root: Path, policy: str, reps: int, warmup: int
+              ) -> dict[str, dict[str, Any]]:
+    from musketeers.bench.machine import run_child
+
+    write_items_store(cache_dir, 64)
+    base = {"cache_dir": str(cache_dir), "policy": policy, "device": "cpu", "reps": reps,
+            "warmup": warmup}
+    out = {"single": run_child("single", {**base, "run_dir": str(run_root / "single")})}
+    why = ensure_trl()
+    out["trl"] = {"error": why} if why else run_child("trl", {**base,
+                                                               "run_dir": str(run_root / "trl")})
+    return out

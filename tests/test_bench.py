@@ -1,0 +1,106 @@
+"""Helpers of the benchmark suite (not timings): FLOP counting, the report, the CLI output."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from musketeers.bench import report as rp
+from musketeers.bench.precompute_bench import non_embedding_params
+from musketeers.bench.train_bench import expert_flop_share, force_full_length
+
+
+def _llama(tied: bool):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1,
+                      tie_word_embeddings=tied)
+    return LlamaForCausalLM(cfg)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_non_embedding_params_excludes_embedding_tables(tied):
+    model = _llama(tied)
+    d, vocab, inter = 16, 100, 32
+    # per layer: q (16x16), k,v (16x8 each: 1 kv head of dim 8), o (16x16), mlp 3·16·32, 2 norms
+    per_layer = 16 * 16 + 2 * 16 * 8 + 16 * 16 + 3 * d * inter + 2 * d
+    assert non_embedding_params(model) == 2 * per_layer + d  # + the final norm
+    total = sum(p.numel() for p in model.parameters())
+    assert total - non_embedding_params(model) == vocab * d * (1 if tied else 2)
+
+
+def test_expert_flop_share_matches_hand_count():
+    r = {"completions_per_step": 4, "prompt_len": 10.0, "context_tokens": 2,
+         "completion_len": [8.0, 8.0], "beta": 0.04, "inner_iters": 1, "policy_params": 1000,
+         "expert_params": [100, 200], "expert_tokens_per_prompt": [12.0, 15.0],
+         "prompts_per_step": 2}
+    policy = (2 + 2 + 4) * 1000 * 4 * (10 + 2 + 8)
+    experts = 2 * 100 * 12 * 2 + 2 * 200 * 15 * 2
+    assert expert_flop_share(r) == pytest.approx(experts / (experts + policy))
+
+
+def test_force_full_length_sets_min_new_tokens():
+    seen = {}
+
+    def generate(*args, generation_config=None, **kwargs):
+        seen["min"] = generation_config.min_new_tokens
+        return "out"
+
+    policy = SimpleNamespace(model=SimpleNamespace(generate=generate))
+    force_full_length(policy)
+    cfg = SimpleNamespace(max_new_tokens=64, min_new_tokens=None)
+    assert policy.model.generate(inputs_embeds=None, generation_config=cfg) == "out"
+    assert seen["min"] == 64
+
+
+def test_check_pass_miss_and_direction():
+    rep = rp.Report({}, {}, "cmd")
+    rep.check("s", "higher", 6.0, 5.0, "{:.1f}×")
+    rep.check("s", "lower", 0.02, 0.01, "{:.1%}", higher_is_better=False)
+    rep.check("s", "nan", float("nan"), 1.0, "{:.1f}")
+    assert [r.status for r in rep.rows] == ["PASS", "MISS", "MISS"]
+    assert rep.rows[1].target == "≤ 1.0%"
+
+
+def test_markdown_lists_every_repetition_and_keeps_attempts(tmp_path):
+    machine = {"cpu": "X", "physical_cores": 2, "logical_cpus": 2, "avx512_bf16": True,
+               "amx_bf16": False, "memory_gib": 8, "gpu": "no GPU"}
+    rep = rp.Report(machine, {"torch": "2"}, "python -m musketeers.bench")
+    rep.measure("matmul", "bf16", "FLOP/s", [3.0, 1.0, 2.0])
+    rep.row("trl", "a | b", "1 | 2", "≥ 2.5×", "MISS")
+    out = tmp_path / "BENCHMARKS.md"
+    out.write_text("# old\n\n## Attempts\n\n- tried X: predicted 2×, got 1.1×\n")
+    rp.write_markdown(rep, out)
+    text = out.read_text()
+    assert "| matmul | bf16 | FLOP/s | 2 | 3, 1, 2 |" in text
+    assert "a \\| b" in text  # a pipe inside a cell cannot break the table
+    assert "avx512_bf16=yes, amx_bf16=no" in text
+    assert "- tried X: predicted 2×, got 1.1×" in text and "# old" not in text
+
+
+def test_si_prefixes():
+    assert rp.si(1.5e11, "FLOP/s") == "150 GFLOP/s"
+    assert rp.si(float("nan")) == "n/a"
+
+
+def test_quick_reads_run_writes_table_and_markdown(tmp_path, capsys):
+    from musketeers.bench.__main__ import main
+
+    out = tmp_path / "B.md"
+    assert main(["--quick", "--only", "reads", "--read-rows", "300", "--out", str(out),
+                 "--work-dir", str(tmp_path / "w")]) == 0
+    text = out.read_text()
+    assert "## Summary" in text and "load a run's vectors (300 rows" in text
+    assert "| reads | lookup (300 rows × 3) | s/lookup |" in text
+    assert "musketeers bench" in capsys.readouterr().out
+
+
+def test_unknown_section_is_refused():
+    from musketeers.bench.__main__ import parse
+
+    with pytest.raises(SystemExit):
+        parse(["--only", "matmul,nope"])
+    assert torch.get_num_threads() >= 1
