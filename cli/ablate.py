@@ -1,0 +1,69 @@
+"""``musketeers ablate`` (``make ablations``): grids → runs → tables, figures, report."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from musketeers.cache.errors import UserError
+
+log = logging.getLogger("musketeers.ablate")
+
+
+def _int_list(text: str | None, what: str) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UserError(f"--{what} takes comma-separated integers, e.g. 0,1,2; got {text!r}"
+                        ) from None
+
+
+def ablate(
+    budget: Annotated[str, typer.Option(help="smoke, pocket or paper")] = "smoke",
+    seeds: Annotated[str | None, typer.Option(help="comma-separated seeds (grid's default)")
+                     ] = None,
+    tasks: Annotated[str | None, typer.Option(help="comma-separated tasks (all of the grid)")
+                     ] = None,
+    runs_dir: Annotated[Path, typer.Option(help="where run folders go")] = Path("runs"),
+    reports_dir: Annotated[Path, typer.Option(help="reports/<budget>/ is written here")
+                           ] = Path("reports"),
+    cache_dir: Annotated[Path | None, typer.Option(help="stores root for every run "
+                                                   "(default: the grid's)")] = None,
+    gsm8k_dir: Annotated[Path | None, typer.Option(help="GSM8K jsonl folder (precompute)")
+                         ] = None,
+    grid: Annotated[Path | None, typer.Option(help="a custom grid YAML instead of --budget's")
+                    ] = None,
+    report_only: Annotated[bool, typer.Option(help="only rebuild the report from runs on disk")
+                           ] = False,
+) -> None:
+    """Precompute what is missing, run every unfinished run of the grid, evaluate, report."""
+    from musketeers.reports.grid import load_grid, run_grid
+    from musketeers.reports.needs import ensure_cache
+    from musketeers.reports.report import write_report
+
+    task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
+    if task_list:
+        from musketeers.tasks import TASKS
+
+        bad = [t for t in task_list if t not in TASKS]
+        if bad:
+            raise UserError(f"unknown task(s) {', '.join(bad)} in --tasks; valid: "
+                            f"{', '.join(TASKS)}")
+    overrides = {"cache_dir": str(cache_dir)} if cache_dir else None
+    g = load_grid(grid or budget, seeds=_int_list(seeds, "seeds"), tasks=task_list,
+                  overrides=overrides)
+    if not report_only:
+        ensure_cache(g, g.precompute, gsm8k_dir=gsm8k_dir)
+        result = run_grid(g, runs_dir)
+        typer.echo(f"{len(result.trained)} trained, {len(result.evaluated)} evaluated, "
+                   f"{len(result.skipped)} already done, {len(result.failed)} failed")
+    path = write_report(g, runs_dir, reports_dir)
+    typer.echo(f"report: {path}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("ablate")(ablate)

@@ -1,0 +1,239 @@
+"""Read finished runs and reduce them over seeds.
+
+Reads only ``runs/*/{config.yaml, metrics.jsonl, summary.json, eval*.json, error.txt}``, so
+runs made on any machine can be reported together. Over seeds we report the mean and the
+*sample* standard deviation (ddof = 1), as the paper's "mean ± std across 3 runs"; with a
+single seed the std is undefined and shown as such.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from scipy.stats import spearmanr
+
+from musketeers.reports.grid import IRRELEVANT, is_finished
+
+GROUP_FIELDS = ("task", "method", "team", "pooling", "latents")
+
+
+@dataclass
+class Run:
+    """One run folder as found on disk."""
+
+    name: str
+    path: Path
+    config: dict[str, Any]
+    status: str  # done | failed | incomplete
+    error: str | None = None
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] | None = None
+    eval: dict[str, Any] | None = None
+    eval_no_context: dict[str, Any] | None = None
+
+    @property
+    def key(self) -> dict[str, Any]:
+        return group_key(self.config)
+
+    @property
+    def accuracy(self) -> float | None:
+        """Validation accuracy in percent (the paper's unit)."""
+        return None if self.eval is None else 100.0 * float(self.eval["accuracy"])
+
+    @property
+    def wall_time(self) -> float:
+        """Training seconds: the summary's, else the sum of the per-step times."""
+        wall = (self.summary or {}).get("wall_time_s")
+        if wall is not None:
+            return float(wall)
+        return float(sum(m.get("time_s", m.get("time", 0.0)) or 0.0 for m in self.metrics))
+
+    @property
+    def spearman(self) -> float | None:
+        """ρ(reward, entropy) of this run: the summary's, else computed from its metrics."""
+        rho = (self.summary or {}).get("spearman_reward_entropy")
+        if rho is None:
+            rho = spearman_reward_entropy(self.metrics)
+        return None if rho is None or math.isnan(rho) else float(rho)
+
+
+def group_key(config: dict[str, Any]) -> dict[str, Any]:
+    """The fields that define a table cell; seeds of one key are averaged."""
+    key = {k: config.get(k) for k in GROUP_FIELDS}
+    for k in IRRELEVANT.get(str(key["method"]), ()):
+        key[k] = None
+    return key
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except ValueError:
+        return None
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl rows; a torn last line (a run killed mid-write) is ignored."""
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+    return rows
+
+
+def load_run(path: Path) -> Run | None:
+    """A run folder, or None if it has no config (not a run)."""
+    cfg_path = path / "config.yaml"
+    if not cfg_path.is_file():
+        return None
+    config = yaml.safe_load(cfg_path.read_text()) or {}
+    summary = _read_json(path / "summary.json")
+    ev = _read_json(path / "eval.json")
+    error_path = path / "error.txt"
+    error = error_path.read_text().splitlines()[0] if error_path.is_file() else None
+    if is_finished(path) and ev is not None:
+        status = "done"
+    elif error:
+        status = "failed"
+    else:
+        status = "incomplete"
+    return Run(
+        name=path.name, path=path, config=config, status=status, error=error,
+        metrics=read_metrics(path / "metrics.jsonl"), summary=summary, eval=ev,
+        eval_no_context=_read_json(path / "eval_no_context.json"),
+    )
+
+
+def load_runs(runs_dir: Path, budget: str | None = None,
+              names: Iterable[str] | None = None) -> list[Run]:
+    """Every run under ``runs_dir`` (optionally only one budget's, or only the named ones)."""
+    wanted = set(names) if names is not None else None
+    runs = []
+    for path in sorted(Path(runs_dir).glob("*/")):
+        if wanted is not None and path.name not in wanted:
+            continue
+        run = load_run(path)
+        if run is None or (budget is not None and run.config.get("budget") != budget):
+            continue
+        runs.append(run)
+    return runs
+
+
+def mean_std(values: list[float]) -> tuple[float, float | None]:
+    """Mean and sample std (ddof = 1) over seeds; std is None for a single value."""
+    arr = np.asarray(values, dtype=float)
+    if arr.size == 0:
+        return math.nan, None
+    return float(arr.mean()), (float(arr.std(ddof=1)) if arr.size > 1 else None)
+
+
+@dataclass
+class Cell:
+    """One table cell: accuracy over the seeds of one configuration."""
+
+    runs: list[Run]
+
+    @property
+    def values(self) -> list[float]:
+        return [r.accuracy for r in self.runs if r.status == "done" and r.accuracy is not None]
+
+    @property
+    def failed(self) -> list[Run]:
+        return [r for r in self.runs if r.status == "failed"]
+
+    @property
+    def mean(self) -> float:
+        return mean_std(self.values)[0]
+
+    @property
+    def std(self) -> float | None:
+        return mean_std(self.values)[1]
+
+    def text(self) -> str:
+        """``75.26 ± 5.62``; ``FAILED`` if no seed finished but one failed; ``—`` if none ran."""
+        if not self.values:
+            return "FAILED" if self.failed else "—"
+        std = f" ± {self.std:.2f}" if self.std is not None else " (1 seed)"
+        extra = f" ({len(self.failed)} FAILED)" if self.failed else ""
+        return f"{self.mean:.2f}{std}{extra}"
+
+
+def select(runs: list[Run], **key: Any) -> list[Run]:
+    """Runs whose group key matches every given field (None matches a dropped field)."""
+    out = []
+    for run in runs:
+        rk = run.key
+        if all(rk.get(k) == (None if k in IRRELEVANT.get(str(rk["method"]), ()) else v)
+               for k, v in key.items()):
+            out.append(run)
+    return out
+
+
+def cell(runs: list[Run], **key: Any) -> Cell:
+    return Cell(select(runs, **key))
+
+
+def spearman_reward_entropy(metrics: list[dict[str, Any]]) -> float | None:
+    """Spearman ρ between a run's reward and routing-entropy series (paper §4.3)."""
+    pairs = [(m["reward_mean"], m["entropy"]) for m in metrics
+             if m.get("entropy") is not None and m.get("reward_mean") is not None]
+    if len(pairs) < 3:
+        return None
+    r, h = zip(*pairs, strict=True)
+    if len(set(r)) < 2 or len(set(h)) < 2:
+        return None
+    return float(spearmanr(r, h).statistic)
+
+
+def mean_spearman(runs: list[Run]) -> tuple[float | None, int]:
+    """ρ computed per run, then averaged (the paper's protocol); returns (mean, runs used)."""
+    rhos = [r.spearman for r in runs if r.status == "done" and r.spearman is not None]
+    return (float(np.mean(rhos)) if rhos else None), len(rhos)
+
+
+def _get(row: dict[str, Any], path: tuple[str, ...]) -> float | None:
+    value: Any = row
+    for part in path:
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return None if value is None else float(value)
+
+
+def series(runs: list[Run], *path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(steps, mean, std) of one metric over seeds, aligned by step.
+
+    ``path`` addresses a metrics field (``"reward_mean"``, or ``"utilisation", "<expert>"``).
+    The std is the sample std over the seeds that logged that step (0 where only one did).
+    """
+    by_step: dict[int, list[float]] = {}
+    for run in runs:
+        for row in run.metrics:
+            v = _get(row, path)
+            if v is not None and "step" in row:
+                by_step.setdefault(int(row["step"]), []).append(v)
+    steps = np.array(sorted(by_step), dtype=int)
+    means = np.array([np.mean(by_step[s]) for s in steps], dtype=float)
+    stds = np.array([np.std(by_step[s], ddof=1) if len(by_step[s]) > 1 else 0.0
+                     for s in steps], dtype=float)
+    return steps, means, stds
+
+
+def experts_of(runs: list[Run]) -> list[str]:
+    """Expert names in first-seen order of the runs' utilisation logs."""
+    names: dict[str, None] = {}
+    for run in runs:
+        for row in run.metrics:
+            for name in (row.get("utilisation") or {}):
+                names.setdefault(name, None)
+    return list(names)

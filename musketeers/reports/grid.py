@@ -1,0 +1,291 @@
+"""Ablation grids: a YAML file per budget lists runs; expand, skip finished runs, run the rest.
+
+A grid entry is a mapping of TrainConfig fields. Any field given as a list is swept (the
+cartesian product of all list-valued fields), and every entry is repeated over the grid's
+seeds. Runs are named from their distinguishing fields, so the same run requested by two
+entries (the default-team run feeds Table 1, Table 2, Figures 4–6) is run once, and a grid
+that was interrupted resumes by running only what has no finished result.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field, is_dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from musketeers.cache.errors import UserError
+
+log = logging.getLogger(__name__)
+
+BUDGETS = ("smoke", "pocket", "paper")
+# Fields that do not change what a method computes; dropped from its run name and its group.
+IRRELEVANT = {
+    "single": ("team", "pooling", "latents"),
+    "output_collab": ("pooling", "latents"),
+    "hard_routing": ("latents",),
+}
+# Order of the fields in a run's name.
+NAME_FIELDS = ("task", "method", "team", "pooling", "latents")
+
+
+@dataclass(frozen=True)
+class GridRun:
+    """One run of a grid: its folder name, its TrainConfig fields, and what to evaluate."""
+
+    name: str
+    fields: dict[str, Any]
+    eval_no_context: bool = False
+
+
+@dataclass
+class Grid:
+    budget: str
+    description: str
+    defaults: dict[str, Any]
+    runs: list[GridRun]
+    eval_limit: int | None = None
+    estimate: str = ""
+    precompute: dict[str, Any] | None = None  # settings, or None: the stores must exist
+
+
+@dataclass
+class GridResult:
+    trained: list[str] = field(default_factory=list)
+    evaluated: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+def grid_file(budget: str) -> Path:
+    """The packaged grid YAML of a budget (musketeers/configs/ablations/<budget>.yaml)."""
+    if budget not in BUDGETS:
+        raise UserError(f"unknown budget {budget!r}; use --budget one of {', '.join(BUDGETS)}")
+    return Path(str(resources.files("musketeers") / "configs" / "ablations" / f"{budget}.yaml"))
+
+
+def run_name(budget: str, fields: dict[str, Any]) -> str:
+    """Unique folder name ``<budget>-<task>-<method>[-team][-pooling][-mK]-s<seed>``."""
+    skip = set(IRRELEVANT.get(fields.get("method", ""), ()))
+    parts = [budget]
+    for key in NAME_FIELDS:
+        if key in skip or fields.get(key) is None:
+            continue
+        value = fields[key]
+        parts.append(f"m{value}" if key == "latents" else str(value).replace(":", ""))
+    parts.append(f"s{fields.get('seed', 0)}")
+    return "-".join(parts)
+
+
+def expand_entry(entry: dict[str, Any], seeds: Iterable[int]) -> list[dict[str, Any]]:
+    """Every combination of the entry's list-valued fields, once per seed."""
+    entry = dict(entry)
+    entry.pop("eval_no_context", None)
+    entry_seeds = entry.pop("seeds", None)
+    keys = [k for k, v in entry.items() if isinstance(v, list)]
+    combos = itertools.product(*(entry[k] for k in keys)) if keys else [()]
+    out = []
+    for combo in combos:
+        for seed in entry_seeds if entry_seeds is not None else seeds:
+            out.append({**entry, **dict(zip(keys, combo, strict=True)), "seed": int(seed)})
+    return out
+
+
+def load_grid(
+    source: str | Path,
+    seeds: list[int] | None = None,
+    tasks: list[str] | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> Grid:
+    """Read a grid YAML (a budget name or a path).
+
+    ``seeds`` replaces the grid's seeds, ``tasks`` keeps only those tasks' runs, and
+    ``overrides`` (e.g. ``{"cache_dir": ...}``) is applied to every run last.
+    """
+    path = grid_file(str(source)) if str(source) in BUDGETS else Path(source)
+    if not path.is_file():
+        raise UserError(f"no grid file {path}; pass --budget one of {', '.join(BUDGETS)}")
+    raw = yaml.safe_load(path.read_text()) or {}
+    budget = raw.get("budget", path.stem)
+    defaults = dict(raw.get("defaults") or {})
+    task_overrides = raw.get("task_overrides") or {}
+    grid_seeds = seeds if seeds is not None else list(raw.get("seeds", [0]))
+    runs: dict[str, GridRun] = {}
+    for entry in raw.get("runs") or []:
+        for fields in expand_entry(entry, grid_seeds):
+            fields = {**defaults, **task_overrides.get(fields.get("task"), {}), **fields,
+                      **(overrides or {})}
+            if tasks is not None and fields.get("task") not in tasks:
+                continue
+            name = run_name(budget, fields)
+            no_ctx = bool(entry.get("eval_no_context")) or (
+                name in runs and runs[name].eval_no_context
+            )
+            runs[name] = GridRun(name, fields, no_ctx)
+    if not runs:
+        raise UserError(f"grid {path} selects no runs; check --tasks/--seeds")
+    return Grid(
+        budget=budget,
+        description=str(raw.get("description", "")).strip(),
+        defaults=defaults,
+        runs=list(runs.values()),
+        eval_limit=raw.get("eval_limit"),
+        estimate=str(raw.get("estimate", "")).strip(),
+        precompute=raw.get("precompute") or None,
+    )
+
+
+# ---------------------------------------------------------------- run status and execution
+
+
+def is_finished(run_dir: Path) -> bool:
+    """summary.json says done (or, lacking a status, covers every configured step)."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if "status" in summary:
+        return summary["status"] == "done"
+    try:
+        steps = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("steps")
+    except (OSError, yaml.YAMLError):
+        return False
+    return steps is not None and int(summary.get("steps") or 0) >= int(steps)
+
+
+def run_status(run_dir: Path, no_context: bool = False) -> str:
+    """``done`` (trained and evaluated), ``trained`` (needs evaluation), ``failed``, ``missing``."""
+    if is_finished(run_dir):
+        evals = ["eval.json"] + (["eval_no_context.json"] if no_context else [])
+        return "done" if all((run_dir / e).is_file() for e in evals) else "trained"
+    if (run_dir / "error.txt").is_file():
+        return "failed"
+    return "missing"
+
+
+def _default_config_fn(fields: dict[str, Any]) -> Any:
+    from musketeers.config import resolve_config
+
+    return resolve_config(overrides=fields)
+
+
+def _default_train_fn(cfg: Any) -> Path:
+    """Train, resuming from the last checkpoint of an earlier, interrupted attempt."""
+    from musketeers import checkpoint
+    from musketeers.trainer import train
+
+    run = cfg.run_path()
+    resume = checkpoint.latest_checkpoint(run) is not None
+    if not resume:  # metrics without a checkpoint hold nothing to resume from
+        (run / "metrics.jsonl").unlink(missing_ok=True)
+    train(cfg, resume=resume)
+    return run
+
+
+def _default_eval_fn(run_dir: Path, limit: int | None, context: bool) -> dict:
+    from musketeers.evaluate import evaluate
+
+    return evaluate(run_dir, limit=limit, no_context=not context)
+
+
+def _record_failure(run_dir: Path, exc: BaseException, cfg: Any, fields: dict[str, Any]) -> str:
+    """Write error.txt (one line, then the traceback) and, if the run died before writing its
+    config, the config it was given, so the tables can still place the failure."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    line = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+    (run_dir / "error.txt").write_text(line + "\n" + traceback.format_exc())
+    if not (run_dir / "config.yaml").is_file():
+        resolved = asdict(cfg) if is_dataclass(cfg) and not isinstance(cfg, type) else fields
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(_plain(resolved), sort_keys=False))
+    return line
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def _write_eval(run_dir: Path, name: str, result: dict) -> None:
+    path = run_dir / name
+    if not path.is_file():  # evaluate() may already have written it
+        path.write_text(json.dumps(result, indent=1) + "\n")
+
+
+def run_grid(
+    grid: Grid,
+    runs_dir: Path,
+    train_fn: Callable[[Any], Path] | None = None,
+    eval_fn: Callable[[Path, int | None, bool], dict] | None = None,
+    config_fn: Callable[[dict[str, Any]], Any] | None = None,
+) -> GridResult:
+    """Train and evaluate every run of ``grid`` that has no finished result under ``runs_dir``.
+
+    A run that raises is recorded (error.txt) and the grid goes on; a failed run is retried the
+    next time the grid runs. The three callables default to the trainer, the evaluator and
+    the TrainConfig loader; tests inject fakes.
+    """
+    train_fn = train_fn or _default_train_fn
+    eval_fn = eval_fn or _default_eval_fn
+    config_fn = config_fn or _default_config_fn
+    result = GridResult()
+    todo = []
+    for run in grid.runs:
+        status = run_status(runs_dir / run.name, run.eval_no_context)
+        if status == "done":
+            result.skipped.append(run.name)
+        else:
+            todo.append((run, status))
+    log.info("grid %s: %d runs, %d finished, %d to do", grid.budget, len(grid.runs),
+             len(result.skipped), len(todo))
+    for run, status in _progress(todo, f"ablate {grid.budget}"):
+        run_dir = runs_dir / run.name
+        fields = {**run.fields, "run_dir": str(run_dir)}
+        cfg: Any = None
+        (run_dir / "error.txt").unlink(missing_ok=True)  # this attempt's outcome replaces it
+        try:
+            if status != "trained":
+                cfg = config_fn(fields)
+                run_dir = Path(train_fn(cfg))
+                result.trained.append(run.name)
+            for context in (True, False) if run.eval_no_context else (True,):
+                out = "eval.json" if context else "eval_no_context.json"
+                if not (run_dir / out).is_file():
+                    _write_eval(run_dir, out, eval_fn(run_dir, grid.eval_limit, context))
+            result.evaluated.append(run.name)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:  # noqa: BLE001 - one failed run must not stop the grid
+            result.failed[run.name] = _record_failure(run_dir, exc, cfg, fields)
+            log.warning("run %s failed: %s", run.name, result.failed[run.name])
+    return result
+
+
+def _progress(items: list, label: str) -> Iterable:
+    """A Rich bar on a terminal; periodic log lines (runs/s, ETA) otherwise."""
+    if sys.stderr.isatty():
+        from rich.progress import track
+
+        yield from track(items, description=label)
+        return
+    start = time.monotonic()
+    for i, item in enumerate(items):
+        if i:
+            rate = i / (time.monotonic() - start)
+            log.info("%s: %d/%d runs, %.3f runs/s, ETA %.0f s", label, i, len(items), rate,
+                     (len(items) - i) / rate)
+        yield item
+    log.info("%s: %d/%d runs in %.0f s", label, len(items), len(items), time.monotonic() - start)

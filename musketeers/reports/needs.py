@@ -1,0 +1,121 @@
+"""What a grid needs from the feature cache, what is missing, and precomputing only that."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from musketeers.cache.errors import UserError
+from musketeers.reports.grid import Grid
+
+log = logging.getLogger(__name__)
+SPLITS = ("train", "val")
+
+
+@dataclass
+class TaskNeed:
+    """For one (task, cache root, roster): the experts, which need hints, whether the router."""
+
+    task: str
+    cache_dir: str
+    roster: str
+    experts: dict[str, None] = field(default_factory=dict)  # ordered sets
+    hint_experts: dict[str, None] = field(default_factory=dict)
+    router: bool = False
+
+
+def _team_experts(team: str | None, roster: str) -> list[str]:
+    from musketeers.teams import resolve_team
+
+    return [spec.name for spec in resolve_team(team, roster)]
+
+
+def grid_needs(grid: Grid, team_experts: Callable[[str | None, str], list[str]] | None = None
+               ) -> list[TaskNeed]:
+    """Union over the grid's runs of what each task's store must hold."""
+    team_experts = team_experts or _team_experts
+    needs: dict[tuple[str, str, str], TaskNeed] = {}
+    for run in grid.runs:
+        f: dict[str, Any] = run.fields
+        if f.get("method") == "single":
+            continue
+        roster = str(f.get("roster", "pocket"))
+        cache_dir = str(f.get("cache_dir", "stores"))
+        key = (str(f["task"]), cache_dir, roster)
+        need = needs.setdefault(key, TaskNeed(*key))
+        for name in team_experts(f.get("team"), roster):
+            need.experts.setdefault(name, None)
+            if f.get("method") == "output_collab":
+                need.hint_experts.setdefault(name, None)
+        need.router |= f.get("method") == "hard_routing"
+    return list(needs.values())
+
+
+def missing(need: TaskNeed) -> tuple[list[str], list[str], bool]:
+    """(experts absent/incomplete, experts lacking hints, router missing) in the store."""
+    from musketeers.cache.reader import open_store
+    from musketeers.cache.store import ROUTER_ENCODER
+
+    try:
+        root = open_store(need.cache_dir, need.task)
+    except UserError:
+        return list(need.experts), [], need.router
+    absent, no_hints, router = [], [], False
+    for name in need.experts:
+        for split in SPLITS:
+            path = f"{split}/experts/{name}"
+            if path not in root or not root[path].attrs.get("complete"):
+                absent.append(name)
+                break
+            if name in need.hint_experts and "hints" not in root[path]:
+                no_hints.append(name)
+                break
+    if need.router:
+        router = any(f"{s}/router/{ROUTER_ENCODER}" not in root
+                     or not root[f"{s}/router/{ROUTER_ENCODER}"].attrs.get("complete")
+                     for s in SPLITS)
+    return absent, no_hints, router
+
+
+def ensure_cache(grid: Grid, settings: dict[str, Any] | None,
+                 team_experts: Callable[[str | None, str], list[str]] | None = None,
+                 gsm8k_dir: Path | None = None) -> list[str]:
+    """Precompute what the grid's runs need and the cache lacks; returns what was computed.
+
+    ``settings`` is the grid's ``precompute`` mapping (``limit`` items per split, ``dtype``,
+    ``device``), or None when the grid must find its stores ready (the smoke grid's fixtures).
+    """
+    done = []
+    for need in grid_needs(grid, team_experts):
+        absent, no_hints, router = missing(need)
+        hinted = [e for e in dict.fromkeys(absent + no_hints) if e in need.hint_experts]
+        plain = [e for e in absent if e not in need.hint_experts]
+        todo = plain + hinted
+        if not todo and not router:
+            continue
+        if settings is None:
+            raise UserError(
+                f"the {grid.budget} grid needs {need.task} features ({', '.join(todo) or 'router'})"
+                f" in {need.cache_dir}; run: "
+                + ("make fixtures" if grid.budget == "smoke" else
+                   f"musketeers precompute --task {need.task} --experts {','.join(todo)}"))
+        from musketeers.cli.precompute import precompute
+
+        log.info("precompute %s: %s%s", need.task, ", ".join(todo) or "-",
+                 " + router" if router else "")
+        # Hints cost a greedy generation per item, so only the output-collab experts get them.
+        batches = [(plain, False), (hinted, True)] if todo else [([], False)]
+        for names, hints in batches:
+            if not names and todo:
+                continue
+            precompute(task=need.task, roster=need.roster, experts=",".join(names) or None,
+                       team=None if names else "default", cache_dir=Path(need.cache_dir),
+                       limit=settings.get("limit"), hints=hints,
+                       device=settings.get("device", "auto"), dtype=settings.get("dtype", "auto"),
+                       gsm8k_dir=gsm8k_dir, no_router=not router)
+            router = False
+        done.append(need.task)
+    return done

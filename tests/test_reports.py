@@ -1,0 +1,210 @@
+"""Ablation reports: grid expansion and resume, aggregation math, tables, figures, report."""
+
+from __future__ import annotations
+
+import json
+import math
+from functools import partial
+from pathlib import Path
+
+import matplotlib.image as mpimg
+import pytest
+import yaml
+from musketeers.cache.errors import UserError
+
+from musketeers.reports import aggregate as agg
+from musketeers.reports.fake import fake_evaluate, fake_train
+from musketeers.reports.grid import load_grid, run_grid, run_name, run_status
+from musketeers.reports.needs import grid_needs, missing
+from musketeers.reports.report import compare, write_report
+from musketeers.reports.tables import TABLE1, TABLE2, TASK_TITLES, table1_markdown
+
+IDENTITY = lambda fields: fields  # noqa: E731 - the fakes take the fields dict as config
+
+
+def write_run(root: Path, name: str, acc: float | None, rewards=(0.1, 0.2, 0.3),
+              entropy=(1.0, 0.8, 0.5), error: str | None = None, **cfg) -> Path:
+    """A run folder by hand, exactly per the run-folder contract."""
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text(yaml.safe_dump({"budget": "t", "steps": len(rewards), **cfg}))
+    rows = [{"step": i + 1, "reward_mean": r, "entropy": h, "time_s": 2.0,
+             "utilisation": {"a": 0.5 + 0.1 * i, "b": 0.5 - 0.1 * i}}
+            for i, (r, h) in enumerate(zip(rewards, entropy, strict=True))]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if error:
+        (d / "error.txt").write_text(error + "\nTraceback ...\n")
+        return d
+    (d / "summary.json").write_text(json.dumps({"steps": len(rewards)}))
+    if acc is not None:
+        (d / "eval.json").write_text(json.dumps({"accuracy": acc, "n": 10, "split": "val"}))
+    return d
+
+
+KEY = dict(task="arithmetic", method="perceiver", team="default", pooling="last", latents=8)
+
+
+def test_mean_and_sample_std_over_seeds_match_hand_computation(tmp_path: Path):
+    for seed, acc in enumerate((0.5, 0.6, 0.8)):
+        write_run(tmp_path, f"r{seed}", acc, seed=seed, **KEY)
+    cell = agg.cell(agg.load_runs(tmp_path), **KEY)
+    # mean 63.333; deviations -13.333, -3.333, 16.667; ddof=1: sqrt(466.667 / 2) = 15.275
+    assert cell.mean == pytest.approx(63.3333, abs=1e-3)
+    assert cell.std == pytest.approx(15.2753, abs=1e-3)
+    assert cell.text() == "63.33 ± 15.28"
+    one = agg.cell(agg.load_runs(tmp_path, names=["r0"]), **KEY)
+    assert one.std is None and one.text() == "50.00 (1 seed)"
+
+
+def test_series_aligns_steps_and_takes_sample_std(tmp_path: Path):
+    write_run(tmp_path, "a", 0.5, rewards=(0.0, 1.0), entropy=(1.0, 0.5), **KEY)
+    write_run(tmp_path, "b", 0.5, rewards=(0.5, 0.0, 0.2), entropy=(1.0, 0.9, 0.1), **KEY)
+    steps, mean, std = agg.series(agg.load_runs(tmp_path), "reward_mean")
+    assert steps.tolist() == [1, 2, 3]
+    assert mean.tolist() == pytest.approx([0.25, 0.5, 0.2])
+    assert std.tolist() == pytest.approx([math.sqrt(0.125), math.sqrt(0.5), 0.0])
+    _, u, _ = agg.series(agg.load_runs(tmp_path), "utilisation", "a")
+    assert u.tolist() == pytest.approx([0.5, 0.6, 0.7])
+
+
+def test_spearman_is_per_run_then_averaged(tmp_path: Path):
+    write_run(tmp_path, "a", 0.5, rewards=(0.1, 0.2, 0.3), entropy=(3.0, 2.0, 1.0), **KEY)
+    write_run(tmp_path, "b", 0.5, rewards=(0.1, 0.3, 0.2), entropy=(1.0, 2.0, 3.0), **KEY)
+    runs = agg.load_runs(tmp_path)
+    assert [r.spearman for r in runs] == pytest.approx([-1.0, 0.5])
+    assert agg.mean_spearman(runs) == (pytest.approx(-0.25), 2)
+
+
+def test_failed_and_missing_cells_are_shown_not_dropped(tmp_path: Path):
+    write_run(tmp_path, "ok", 0.7, **{**KEY, "method": "single"})
+    write_run(tmp_path, "bad", None, error="RuntimeError: boom", **KEY)
+    text = table1_markdown(agg.load_runs(tmp_path))
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines()
+            if line.startswith("| ")}
+    for row in TABLE1:
+        assert row.label in rows
+    for title in TASK_TITLES.values():
+        assert f"{title} (ours)" in text and f"{title} (paper)" in text
+    single = rows["Single"].split(" | ")
+    assert single[3] == "70.00 (1 seed)" and single[1] == "—"  # arithmetic ran, algorithmic not
+    assert rows["Ours Default Team (n=3)"].split(" | ")[3] == "FAILED"
+    assert "75.26 ± 5.62" in rows["Ours Default Team (n=3)"]
+
+
+def test_compare_against_the_paper():
+    cell = agg.Cell([])
+    assert compare(cell, (50.0, 1.0)) is None
+    run = agg.Run("x", Path("x"), {}, "done", eval={"accuracy": 0.52})
+    assert compare(agg.Cell([run]), (50.0, 3.0)).startswith("agrees")
+    assert compare(agg.Cell([run]), (60.0, 3.0)).startswith("below the paper by 8.00")
+
+
+def test_grid_expands_dedups_and_filters():
+    grid = load_grid("smoke")
+    names = [r.name for r in grid.runs]
+    assert len(names) == len(set(names))
+    # Table 1: 8 rows x 4 tasks; Table 2: 4 more poolings; Figure 6: 6 more m values
+    assert len(names) == 32 + 4 + 6
+    default = run_name("smoke", {**KEY, "seed": 0})
+    assert default in names
+    assert next(r for r in grid.runs if r.name == default).eval_no_context
+    assert run_name("smoke", {"task": "logic", "method": "single", "team": "x", "seed": 1}) \
+        == "smoke-logic-single-s1"
+    two = load_grid("smoke", seeds=[0, 1], tasks=["logic"])
+    assert len(two.runs) == 2 * 8 and {r.fields["task"] for r in two.runs} == {"logic"}
+    with pytest.raises(UserError, match="selects no runs"):
+        load_grid("smoke", tasks=["planted"])
+    with pytest.raises(UserError, match="--budget"):
+        load_grid("huge")
+
+
+def small_grid(tmp_path: Path) -> Path:
+    path = tmp_path / "g.yaml"
+    path.write_text(yaml.safe_dump({
+        "budget": "t", "seeds": [0, 1], "defaults": {"budget": "t", "pooling": "last",
+                                                     "latents": 8},
+        "runs": [{"task": ["arithmetic", "logic"], "method": "single"},
+                 {"task": "arithmetic", "method": "perceiver", "team": "default",
+                  "eval_no_context": True}]}))
+    return path
+
+
+def test_resume_runs_only_missing_runs_and_retries_failures(tmp_path: Path):
+    grid = load_grid(small_grid(tmp_path))
+    runs_dir = tmp_path / "runs"
+    calls: list[str] = []
+
+    def train(fields, fail=()):
+        calls.append(Path(fields["run_dir"]).name)
+        if any(f in fields["run_dir"] for f in fail):
+            raise RuntimeError("out of memory\nsecond line")
+        return fake_train(fields, steps=3)
+
+    result = run_grid(grid, runs_dir, partial(train, fail=("perceiver-default-last-m8-s1",)),
+                      fake_evaluate, IDENTITY)
+    assert len(calls) == 6 and len(result.failed) == 1
+    failed = runs_dir / "t-arithmetic-perceiver-default-last-m8-s1"
+    assert (failed / "error.txt").read_text().startswith("RuntimeError: out of memory second")
+    assert run_status(failed) == "failed"
+    # a killed run: trained but not evaluated; another never finished training
+    (runs_dir / "t-logic-single-s0" / "eval.json").unlink()
+    (runs_dir / "t-logic-single-s1" / "summary.json").unlink()
+    calls.clear()
+    evals: list[tuple[str, bool]] = []
+
+    def evaluate(run_dir, limit, context):
+        evals.append((Path(run_dir).name, context))
+        return fake_evaluate(run_dir, limit, context)
+
+    result = run_grid(grid, runs_dir, train, evaluate, IDENTITY)
+    assert sorted(calls) == ["t-arithmetic-perceiver-default-last-m8-s1", "t-logic-single-s1"]
+    assert ("t-logic-single-s0", True) in evals and len(result.skipped) == 3
+    assert ("t-arithmetic-perceiver-default-last-m8-s1", False) in evals  # Figure 5 eval
+    assert not (failed / "error.txt").exists()
+    calls.clear()
+    assert len(run_grid(grid, runs_dir, train, evaluate, IDENTITY).skipped) == 6
+    assert calls == []
+
+
+def test_report_names_every_run_and_every_failure(tmp_path: Path):
+    grid = load_grid(small_grid(tmp_path))
+    runs_dir = tmp_path / "runs"
+
+    def train(fields):
+        if "logic-single-s1" in fields["run_dir"]:
+            raise ValueError("no feature cache for task 'logic'")
+        return fake_train(fields, steps=5)
+
+    run_grid(grid, runs_dir, train, fake_evaluate, IDENTITY)
+    text = write_report(grid, runs_dir, tmp_path / "reports").read_text()
+    for run in grid.runs:
+        assert run.name in text
+    assert "ValueError: no feature cache for task 'logic'" in text
+    assert "| t-logic-single-s1 | FAILED |" in text
+    assert "## Table 1" in text and "## Table 2" in text and "Spearman" in text
+
+
+def test_figures_are_readable_pngs(tmp_path: Path):
+    grid = load_grid("smoke", seeds=[0, 1], tasks=["arithmetic"])
+    runs_dir = tmp_path / "runs"
+    run_grid(grid, runs_dir, partial(fake_train, steps=30), fake_evaluate, IDENTITY)
+    readme = write_report(grid, runs_dir, tmp_path / "reports")
+    pngs = sorted(readme.parent.glob("*.png"))
+    assert [p.name for p in pngs] == ["figure4_arithmetic.png", "figure5_context.png",
+                                      "figure6_latents.png"]
+    for png in pngs:
+        assert png.stat().st_size > 20_000
+        image = mpimg.imread(png)
+        assert image.ndim == 3 and image.shape[0] > 300 and image.std() > 0.05
+        assert f"]({png.name})" in readme.read_text()
+    table2 = (readme.parent / "table2.md").read_text()
+    assert all(label in table2 for label, _, _ in TABLE2) and "FAILED" not in table2
+
+
+def test_grid_needs_union_of_experts_hints_and_router(tmp_path: Path):
+    grid = load_grid(small_grid(tmp_path), overrides={"cache_dir": str(tmp_path / "none")})
+    teams = {"default": ["e1", "e2"]}
+    (need,) = grid_needs(grid, lambda team, roster: teams[team])
+    assert need.task == "arithmetic" and list(need.experts) == ["e1", "e2"]
+    assert not need.hint_experts and not need.router
+    assert missing(need) == (["e1", "e2"], [], False)
