@@ -1,0 +1,61 @@
+"""Sharded precompute under ``torchrun``: ranks take disjoint, chunk-aligned row ranges.
+
+Rank 0 alone creates groups, writes items and metadata and marks completion, each after a
+barrier; every rank writes only its own chunks, so no two processes touch one chunk file.
+gloo on CPU, NCCL on GPU. Without ``WORLD_SIZE`` > 1 every method is a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch.distributed as tdist
+
+from musketeers.cache.errors import UserError
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+
+    @classmethod
+    def from_env(cls, device: str = "cpu") -> Dist:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world <= 1:
+            return cls()
+        if not tdist.is_initialized():
+            tdist.init_process_group("nccl" if device == "cuda" else "gloo")
+        return cls(tdist.get_rank(), tdist.get_world_size())
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            tdist.barrier()
+
+    def broadcast(self, obj: Any) -> Any:
+        if self.world <= 1:
+            return obj
+        box = [obj]
+        tdist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def on_rank0(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on rank 0 and share its result; its UserError is raised on every rank."""
+        result, error = None, None
+        if self.rank == 0:
+            try:
+                result = fn()
+            except UserError as exc:
+                error = str(exc)
+        result, error = self.broadcast((result, error))
+        if error is not None:
+            raise UserError(error)
+        return result
+
+    def my_chunks(self, n_chunks: int) -> list[int]:
+        """This rank's contiguous block of chunk indices."""
+        return [int(c) for c in np.array_split(np.arange(n_chunks), self.world)[self.rank]]

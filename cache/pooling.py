@@ -1,0 +1,58 @@
+"""Eq. 5: every pooling of an expert's hidden states from one backbone forward pass.
+
+The paper pools the last token of the last layer, h_i = h_{i,T_i}^{(L_i)}. The ablations need
+more (first token, a random token, the last token at every layer, per-layer means), and all of
+them come from the same forward pass, so the expert runs once per prompt whatever is studied.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+FLOAT_ARRAYS = ("last", "first", "random", "layers_last", "layers_mean")
+
+
+def random_positions(rows: np.ndarray, n_tokens: np.ndarray, seed: int) -> np.ndarray:
+    """A token index in [0, n_tokens) per row, seeded by (seed, row) so batching cannot move it."""
+    pairs = zip(rows, n_tokens, strict=True)
+    return np.array(
+        [np.random.default_rng((seed, int(r))).integers(int(n)) for r, n in pairs], dtype=np.int32
+    )
+
+
+def token_bounds(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first, last) real-token index per row, for left or right padding alike."""
+    mask = attention_mask.bool()
+    t = mask.shape[1]
+    first = mask.int().argmax(dim=1)
+    last = t - 1 - mask.flip(1).int().argmax(dim=1)
+    return first, last
+
+
+def pool_hidden_states(
+    hidden_states: tuple[torch.Tensor, ...],
+    attention_mask: torch.Tensor,
+    random_pos: torch.Tensor,
+) -> dict[str, np.ndarray]:
+    """Eq. 5 and its ablation variants from L+1 hidden-state tensors [B, T, d].
+
+    ``random_pos`` counts real tokens from the first one. Returns float32 arrays:
+    last/first/random [B, d]; layers_last/layers_mean [B, L+1, d] (index 0 = embeddings).
+    Padding positions are excluded with ``where`` (not multiplied) so a NaN in a padded
+    position can never leak into a mean.
+    """
+    hs = torch.stack(hidden_states, dim=1).float()  # [B, L+1, T, d]
+    b = torch.arange(hs.shape[0])
+    first, last = token_bounds(attention_mask)
+    mask = attention_mask.bool()[:, None, :, None]
+    summed = torch.where(mask, hs, torch.zeros((), dtype=hs.dtype)).sum(dim=2)
+    layers_mean = summed / attention_mask.sum(dim=1).clamp(min=1)[:, None, None].to(hs.dtype)
+    layers_last = hs[b, :, last]
+    return {
+        "last": layers_last[:, -1].numpy(),
+        "first": hs[b, -1, first].numpy(),
+        "random": hs[b, -1, first + random_pos.long()].numpy(),
+        "layers_last": layers_last.numpy(),
+        "layers_mean": layers_mean.numpy(),
+    }

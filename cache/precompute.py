@@ -1,0 +1,358 @@
+"""Run frozen experts over a task's items, chunk by chunk, resumable, into the Zarr store.
+
+Per expert and split: rows are cut into chunks of ``chunk_rows``; within a chunk prompts are
+sorted by length and batched under a token budget, the backbone (no LM head) runs once per
+batch under ``torch.inference_mode`` and every pooling comes out of that one pass (Eq. 5,
+``pooling.py``). A chunk's arrays are written, then its ``done`` flag. Because a chunk's
+batches depend only on the chunk's own rows, a resumed or sharded run computes exactly the
+same bytes as an uninterrupted one.
+
+Truncation rule: a prompt longer than the expert's context (or ``max_length``) keeps its
+*last* tokens, where the question ends and the answer starts; it is counted in ``truncated``.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import zarr
+
+from musketeers.cache import store as st
+from musketeers.cache.dist import Dist
+from musketeers.cache.errors import UserError
+from musketeers.cache.experts import (
+    ExpertSpec,
+    load_expert,
+    resolve_local,
+    tokenizer_fingerprint,
+)
+from musketeers.cache.items import Item, items_fingerprint
+from musketeers.cache.pooling import pool_hidden_states, random_positions
+from musketeers.cache.progress import progress
+from musketeers.cache.verify import corrupt_chunks
+
+log = logging.getLogger("musketeers.precompute")
+
+
+@dataclass
+class PrecomputeConfig:
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32
+    batch_tokens: int = 8192
+    chunk_rows: int = st.CHUNK_ROWS
+    max_length: int = 4096
+    hints: bool = False
+    hint_tokens: int = 128
+    seed: int = 0
+    force: bool = False
+    router: bool = True
+
+
+def cpu_has_bf16() -> bool:
+    """bf16 pays off on CPUs with native bf16 dot products (avx512_bf16 or AMX)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda but no CUDA device is available; use --device cpu")
+    if device not in ("cpu", "cuda"):
+        raise UserError(f"unknown device {device!r}; use auto, cpu or cuda")
+    return device
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    if dtype == "auto":
+        fast = device == "cuda" or cpu_has_bf16()
+        return torch.bfloat16 if fast else torch.float32
+    table = {"bf16": torch.bfloat16, "fp32": torch.float32}
+    if dtype not in table:
+        raise UserError(f"unknown dtype {dtype!r}; use auto, bf16 or fp32")
+    return table[dtype]
+
+
+def prompt_ids(tokenizer, item: Item) -> list[int]:
+    """The expert's own view of the prompt: chat template when it has one, else plain text.
+
+    Chat-templated text already holds its special tokens, so it is tokenized without adding
+    them again; plain text gets the tokenizer's own (Gemma needs its ``<bos>``).
+    """
+    if getattr(tokenizer, "chat_template", None):
+        user = {"role": "user", "content": item.question}
+        msgs = [{"role": "system", "content": item.system}, user] if item.system else [user]
+        try:
+            text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        except Exception:  # noqa: BLE001 - templates without a system role
+            user = {"role": "user", "content": f"{item.system}\n\n{item.question}"}
+            text = tokenizer.apply_chat_template([user], add_generation_prompt=True,
+                                                 tokenize=False)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    text = f"{item.system}\n\n{item.question}" if item.system else item.question
+    return tokenizer(text)["input_ids"]
+
+
+def context_length(model, max_length: int) -> int:
+    cfg = model.config
+    limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+    return min(max_length, limit) if limit else max_length
+
+
+def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Indices sorted by length (longest first), cut so batch_size × longest ≤ budget."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches, cur = [], []
+    for i in order:
+        if cur and (len(cur) + 1) * lengths[cur[0]] > batch_tokens:
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    return batches + [cur] if cur else batches
+
+
+def pad(seqs: list[list[int]], pad_id: int, side: str) -> tuple[torch.Tensor, torch.Tensor]:
+    t = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), t), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), t), dtype=torch.long)
+    for r, s in enumerate(seqs):
+        sl = slice(t - len(s), t) if side == "left" else slice(0, len(s))
+        ids[r, sl] = torch.tensor(s)
+        mask[r, sl] = 1
+    return ids, mask
+
+
+@torch.inference_mode()
+def forward_pool(model, seqs: list[list[int]], rand: np.ndarray, pad_id: int) -> dict:
+    """One backbone pass over a right-padded batch → every pooling (Eq. 5 and variants).
+
+    Right padding keeps every real token at its unpadded position, so no position ids are
+    needed and causal attention never lets a real token see padding.
+    """
+    device = next(model.parameters()).device
+    ids, mask = pad(seqs, pad_id, "right")
+    out = model.base_model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                           output_hidden_states=True, use_cache=False)
+    hs = tuple(h.cpu() for h in out.hidden_states)
+    return pool_hidden_states(hs, mask, torch.from_numpy(rand))
+
+
+@torch.inference_mode()
+def greedy_hints(model, tokenizer, seqs: list[list[int]], max_new_tokens: int) -> list[str]:
+    """The expert's own greedy answer (output-level collaboration baseline), left-padded."""
+    device = next(model.parameters()).device
+    ids, mask = pad(seqs, tokenizer.pad_token_id, "left")
+    out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                         max_new_tokens=max_new_tokens, do_sample=False,
+                         pad_token_id=tokenizer.pad_token_id)
+    return tokenizer.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)
+
+
+def compute_rows(model, tokenizer, items: list[Item], rows: np.ndarray,
+                 cfg: PrecomputeConfig) -> tuple[dict, int]:
+    """All stored arrays for ``items`` (global row indices ``rows``), and the token count."""
+    limit = context_length(model, cfg.max_length)
+    seqs, truncated = [], []
+    for it in items:
+        ids = prompt_ids(tokenizer, it)
+        truncated.append(len(ids) > limit)
+        seqs.append(ids[-limit:])
+    n_tok = np.array([len(s) for s in seqs], dtype=np.int32)
+    rand = random_positions(rows, n_tok, cfg.seed)
+    out: dict = {"n_tokens": n_tok, "truncated": np.array(truncated), "random_pos": rand}
+    if cfg.hints:
+        out["hints"] = np.empty(len(items), dtype=object)
+    for batch in length_batches(n_tok.tolist(), cfg.batch_tokens):
+        pooled = forward_pool(model, [seqs[i] for i in batch], rand[batch],
+                              tokenizer.pad_token_id)
+        for k, v in pooled.items():
+            out.setdefault(k, np.zeros((len(items),) + v.shape[1:], np.float32))[batch] = v
+        if cfg.hints:
+            out["hints"][batch] = greedy_hints(model, tokenizer, [seqs[i] for i in batch],
+                                               cfg.hint_tokens)
+    return out, int(n_tok.sum())
+
+
+def run_chunks(g: zarr.Group, n: int, chunk_rows: int, dist: Dist, desc: str,
+               compute: Callable[[int, int], tuple[dict, int]]) -> None:
+    """Compute this rank's unfinished chunks: arrays first, then the chunk's done flag."""
+    flags = st.done_flags(g)
+    mine = dist.my_chunks(len(flags))
+    todo = [c for c in mine if not flags[c]]
+    total = sum(np.subtract(*st.chunk_range(c, n, chunk_rows)[::-1]) for c in todo)
+    with progress(desc, total=int(total)) as bar:
+        for c in todo:
+            lo, hi = st.chunk_range(c, n, chunk_rows)
+            arrays, tokens = compute(lo, hi)
+            for name, values in arrays.items():
+                g[name][lo:hi] = values
+            g["done"][c] = 1
+            bar.advance(hi - lo, tokens=tokens)
+
+
+def prepare_group(split: zarr.Group, path: str, fingerprint: dict, cfg: PrecomputeConfig,
+                  rebuild: str, make: Callable[[zarr.Group], None], hints: bool = False) -> bool:
+    """Whether the group needs work. Creates it, refuses a fingerprint mismatch, or marks the
+    chunks that ``verify`` finds corrupt as not done so they are recomputed."""
+    g = split.get(path)
+    if g is not None and cfg.force:
+        del split[path]
+        g = None
+    if g is not None:
+        if g.attrs.get("fingerprint") != fingerprint:
+            raise UserError(f"{split.path}/{path} was built from other inputs; rebuild: {rebuild}")
+        bad = corrupt_chunks(g)
+        if hints and "hints" not in g:
+            st.create_array(g, "hints", g["n_tokens"].shape, str, cfg.chunk_rows)
+            bad = set(range(g["done"].shape[0]))  # hints come from the same per-chunk pass
+        if g.attrs.get("complete") and not bad:
+            return False
+        for c in sorted(bad):
+            g["done"][c] = 0
+        if bad:
+            log.warning("%s: recomputing chunks %s", g.path, sorted(bad))
+        g.attrs["complete"] = False
+        return True
+    g = split.require_group(path)
+    g.attrs.update({"complete": False, "fingerprint": None})
+    make(g)
+    g.attrs.update({"fingerprint": fingerprint})
+    return True
+
+
+def finish(g: zarr.Group, dist: Dist) -> None:
+    dist.barrier()
+    if dist.rank == 0 and st.done_flags(g).all():
+        g.attrs["complete"] = True
+    dist.barrier()
+
+
+def write_split_items(root: zarr.Group, split: str, items: list[Item], task: str,
+                      cfg: PrecomputeConfig, dist: Dist) -> None:
+    """Items are built once and stored once per split, before any expert runs."""
+    fp = items_fingerprint(items)
+
+    def write() -> None:
+        sg = root.require_group(split)
+        state = st.items_ready(sg, fp)
+        if state is False and not cfg.force:
+            raise UserError(
+                f"{task}/{split} holds other items (another --limit or task version); "
+                f"rebuild: {st.rebuild_command(task)}"
+            )
+        if state is False:
+            del root[split]
+            sg = root.require_group(split)
+        if state is not True or corrupt_chunks(sg["items"], arrays=st.ITEM_FIELDS):
+            st.write_items(sg, items, fp, cfg.chunk_rows)
+
+    dist.on_rank0(write)
+
+
+def expert_fingerprint(spec: ExpertSpec, model, tokenizer, cfg: PrecomputeConfig,
+                       items_fp: str) -> dict:
+    return {
+        "format_version": st.FORMAT_VERSION,
+        "expert": {"name": spec.name, "kind": spec.kind, "ref": spec.ref, "file": spec.file},
+        "weights_sha256": model.musketeers_sha256,
+        "tokenizer": tokenizer_fingerprint(tokenizer),
+        "dtype": str(cfg.dtype).removeprefix("torch."),
+        "items_fingerprint": items_fp,
+        "pooling": {"seed": cfg.seed, "max_length": cfg.max_length, "truncation": "keep_last",
+                    "chunk_rows": cfg.chunk_rows, "batch_tokens": cfg.batch_tokens},
+    }
+
+
+def precompute_expert(root: zarr.Group, splits: dict[str, list[Item]], spec: ExpertSpec,
+                      task: str, cfg: PrecomputeConfig, dist: Dist) -> None:
+    dist.on_rank0(lambda: resolve_local(spec))  # converts/builds once, before others load
+    model, tokenizer = load_expert(spec, cfg.device, cfg.dtype)
+    n_layers = model.config.get_text_config().num_hidden_layers
+    d = model.config.get_text_config().hidden_size
+    rebuild = st.rebuild_command(task, spec.name)
+    for split, items in splits.items():
+        sg = root[split]
+        fp = expert_fingerprint(spec, model, tokenizer, cfg, items_fingerprint(items))
+
+        def make(g, n=len(items)):
+            st.create_expert_arrays(g, n, n_layers, d, cfg.chunk_rows, cfg.hints)
+            g.attrs.update({"n_layers": n_layers, "d": d, "dtype": str(cfg.dtype)[6:]})
+
+        g, work = _prepare(sg, f"experts/{spec.name}", fp, cfg, rebuild, make, dist, cfg.hints)
+        if not work:
+            log.info("%s/%s/%s: complete, skipped", task, split, spec.name)
+            continue
+
+        def compute(lo, hi, items=items):
+            return compute_rows(model, tokenizer, items[lo:hi], np.arange(lo, hi), cfg)
+
+        run_chunks(g, len(items), cfg.chunk_rows, dist, f"{task}/{split} {spec.name}", compute)
+        finish(g, dist)
+    model = None  # free the weights before the next expert loads
+    gc.collect()
+
+
+def _prepare(sg, path, fp, cfg, rebuild, make, dist: Dist, hints=False):
+    """Rank 0 creates or repairs the group; every rank then sees the same state."""
+    work = dist.on_rank0(lambda: prepare_group(sg, path, fp, cfg, rebuild, make, hints))
+    return zarr.open_group(sg.store, path=f"{sg.path}/{path}", mode="r+"), work
+
+
+def precompute_router(root: zarr.Group, splits: dict[str, list[Item]], task: str,
+                      cfg: PrecomputeConfig, dist: Dist) -> None:
+    from musketeers.cache import router
+
+    model, tokenizer = router.load_encoder(cfg.device)
+    for split, items in splits.items():
+        fp = {"encoder": router.ENCODER, "items_fingerprint": items_fingerprint(items),
+              "format_version": st.FORMAT_VERSION}
+
+        def make(g, n=len(items)):
+            st.create_array(g, "emb", (n, router.DIM), "float32", cfg.chunk_rows)
+            st.create_done(g, n, cfg.chunk_rows)
+
+        g, work = _prepare(root[split], f"router/{router.ENCODER}", fp, cfg,
+                           st.rebuild_command(task), make, dist)
+        if not work:
+            continue
+
+        def compute(lo, hi, items=items):
+            texts = [it.question for it in items[lo:hi]]
+            return {"emb": router.embed(texts, model, tokenizer, device=cfg.device)}, 0
+
+        run_chunks(g, len(items), cfg.chunk_rows, dist, f"{task}/{split} router", compute)
+        finish(g, dist)
+
+
+def precompute_task(cache_dir: str | Path, task: str, task_spec: dict,
+                    splits: dict[str, list[Item]], specs: list[ExpertSpec],
+                    cfg: PrecomputeConfig, dist: Dist | None = None) -> Path:
+    """Store every expert's poolings (and router embeddings) for a task's splits."""
+    dist = dist or Dist.from_env()
+    root_dir = st.check_cache_dir(cache_dir)
+    path = st.store_path(root_dir, task)
+    lock = st.Lock(st.lock_path(path)) if dist.rank == 0 else None
+    dist.on_rank0(lambda: lock.__enter__() and None if lock else None)
+    try:
+        dist.on_rank0(lambda: st.open_root(path, task, task_spec, force=cfg.force) and None)
+        root = zarr.open_group(path, mode="r+")
+        for split, items in splits.items():
+            write_split_items(root, split, items, task, cfg, dist)
+        if cfg.router:
+            precompute_router(root, splits, task, cfg, dist)
+        for spec in specs:
+            precompute_expert(root, splits, spec, task, cfg, dist)
+    finally:
+        if lock and lock.fd is not None:
+            lock.__exit__()
+    return path

@@ -1,0 +1,162 @@
+"""``musketeers precompute`` and ``musketeers cache info|verify``: thin wiring of the cache."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from musketeers.cache.errors import UserError
+
+CACHE_DIR_ENV = "MUSKETEERS_CACHE_DIR"
+TaskOpt = Annotated[str, typer.Option("--task", help="task name, or 'all'")]
+CacheDirOpt = Annotated[
+    Path | None, typer.Option("--cache-dir", help=f"stores root (env {CACHE_DIR_ENV}; ./stores)")
+]
+
+cache_app = typer.Typer(help="Inspect and check feature-cache stores.", no_args_is_help=True)
+
+
+def cache_root(cache_dir: Path | None) -> Path:
+    return Path(cache_dir or os.environ.get(CACHE_DIR_ENV) or "stores")
+
+
+def all_tasks() -> list[str]:
+    from musketeers.tasks import TASKS
+
+    return [t for t in TASKS if t != "planted"]
+
+
+def expand_tasks(task: str) -> list[str]:
+    from musketeers.tasks import TASKS
+
+    if task == "all":
+        return all_tasks()
+    if task not in TASKS:
+        raise UserError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}, all")
+    return [task]
+
+
+def precompute(
+    task: TaskOpt = "logic",
+    team: Annotated[str | None, typer.Option(help="named team (default, naive, ...)")] = None,
+    roster: Annotated[str, typer.Option(help="pocket, paper or tiny")] = "pocket",
+    experts: Annotated[
+        str | None, typer.Option(help="comma-separated names, hub ids or local folders")
+    ] = None,
+    team_file: Annotated[Path | None, typer.Option(help="YAML team file")] = None,
+    limit: Annotated[int | None, typer.Option(help="items per split (> 0)")] = None,
+    cache_dir: CacheDirOpt = None,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
+    dtype: Annotated[str, typer.Option(help="auto, bf16 or fp32")] = "auto",
+    hints: Annotated[bool, typer.Option(help="also store each expert's greedy answer")] = False,
+    force: Annotated[bool, typer.Option(help="rebuild what differs instead of refusing")] = False,
+    gsm8k_dir: Annotated[
+        Path | None, typer.Option(help="GSM8K jsonl folder (env MUSKETEERS_GSM8K_DIR)")
+    ] = None,
+    batch_tokens: Annotated[int, typer.Option(help="padded tokens per forward batch")] = 8192,
+    no_router: Annotated[bool, typer.Option("--no-router", help="skip MiniLM embeddings")] = False,
+) -> None:
+    """Run every expert of a team once over a task's train and val items into the store."""
+    from musketeers.cache.dist import Dist
+    from musketeers.cache.precompute import (
+        PrecomputeConfig,
+        precompute_task,
+        resolve_device,
+        resolve_dtype,
+    )
+    from musketeers.cache.store import check_cache_dir
+    from musketeers.tasks import SPLITS, build_items, task_spec
+
+    if limit is not None and limit < 1:
+        raise UserError(f"--limit must be a positive integer, got {limit}")
+    if batch_tokens < 1:
+        raise UserError(f"--batch-tokens must be positive, got {batch_tokens}")
+    tasks = expand_tasks(task)
+    root = check_cache_dir(cache_root(cache_dir))
+    from musketeers.teams import resolve_team
+
+    names = [e.strip() for e in experts.split(",") if e.strip()] if experts else None
+    specs = resolve_team(team, roster, names, team_file)
+    dev = resolve_device(device)
+    cfg = PrecomputeConfig(device=dev, dtype=resolve_dtype(dtype, dev), batch_tokens=batch_tokens,
+                           hints=hints, force=force, router=not no_router)
+    dist = Dist.from_env(dev)
+    # Build every split first: a missing GSM8K file fails before any model loads.
+    plans = {t: (task_spec(t), {s: build_items(t, s, limit, gsm8k_dir) for s in SPLITS})
+             for t in tasks}
+    for t, (spec, splits) in plans.items():
+        path = precompute_task(root, t, spec, splits, specs, cfg, dist)
+        if dist.rank == 0:
+            typer.echo(f"{t}: {path} ({', '.join(s.name for s in specs)})")
+
+
+def _store_paths(task: str | None, cache_dir: Path | None) -> list[Path]:
+    from musketeers.cache.store import store_path
+
+    root = cache_root(cache_dir)
+    if task:
+        path = store_path(root, task)
+        if not path.is_dir():
+            raise UserError(f"no store for task {task!r} under {root}; run: "
+                            f"musketeers precompute --task {task}")
+        return [path]
+    paths = sorted(root.glob("*.zarr")) if root.is_dir() else []
+    if not paths:
+        raise UserError(f"no stores under {root}; run: musketeers precompute --task TASK")
+    return paths
+
+
+@cache_app.command("info")
+def info(task: Annotated[str | None, typer.Argument()] = None, cache_dir: CacheDirOpt = None):
+    """What each store holds: splits, items, experts, poolings, dtype, size, completeness."""
+    import zarr
+    from rich.console import Console
+    from rich.table import Table
+
+    from musketeers.cache.store import disk_size
+
+    console = Console()
+    for path in _store_paths(task, cache_dir):
+        root = zarr.open_group(path, mode="r")
+        table = Table(title=f"{path} ({disk_size(path) / 2**20:.1f} MiB, "
+                            f"format {root.attrs.get('format_version')})")
+        for col in ("split", "items", "group", "d", "layers", "dtype", "arrays", "complete",
+                    "truncated"):
+            table.add_column(col)
+        for split in sorted(root.group_keys()):
+            sg = root[split]
+            n = str(sg["items"].attrs.get("n", "?")) if "items" in sg else "-"
+            for kind in ("experts", "router"):
+                for name in sorted(sg[kind].group_keys()) if kind in sg else []:
+                    g = sg[kind][name]
+                    arrays = ",".join(sorted(k for k in g.array_keys() if k != "done"))
+                    trunc = str(int(g["truncated"][:].sum())) if "truncated" in g else "-"
+                    table.add_row(split, n, f"{kind}/{name}", str(g.attrs.get("d", "-")),
+                                  str(g.attrs.get("n_layers", "-")),
+                                  str(g.attrs.get("dtype", "-")), arrays,
+                                  "yes" if g.attrs.get("complete") else "NO", trunc)
+        console.print(table)
+
+
+@cache_app.command("verify")
+def verify(task: Annotated[str | None, typer.Argument()] = None, cache_dir: CacheDirOpt = None):
+    """Re-read every chunk; report corrupt arrays (with rows) and incomplete experts."""
+    from musketeers.cache.verify import verify_store
+
+    bad = 0
+    for path in _store_paths(task, cache_dir):
+        problems = verify_store(path)
+        for p in problems:
+            typer.echo(f"{path.name}: {p}")
+        typer.echo(f"{path.name}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
+        bad += len(problems)
+    if bad:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("precompute")(precompute)
+    app.add_typer(cache_app, name="cache")
