@@ -5,7 +5,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from musketeers.cache.errors import UserError
 
 from musketeers.adapter import (
     FFN,
@@ -15,6 +14,7 @@ from musketeers.adapter import (
     PerceiverAdapter,
     build_adapter,
 )
+from musketeers.cache.errors import UserError
 
 DIMS = [3, 5, 7]  # heterogeneous expert widths
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import matplotlib.image as mpimg
 import pytest
 import yaml
-from musketeers.cache.errors import UserError
 
+from musketeers.cache.errors import UserError
 from musketeers.reports import aggregate as agg
 from musketeers.reports.fake import fake_evaluate, fake_train
 from musketeers.reports.grid import load_grid, run_grid, run_name, run_status

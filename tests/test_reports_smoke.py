@@ -11,9 +11,9 @@ from pathlib import Path
 import matplotlib.image as mpimg
 import pytest
 import yaml
-from musketeers.cli.main import app
 from typer.testing import CliRunner
 
+from musketeers.cli.main import app
 from musketeers.reports.grid import load_grid
 from musketeers.reports.tables import TABLE1, TABLE2, TASK_TITLES
 

@@ -1,0 +1,76 @@
+"""Tasks: items (prompt, gold answer, scorer entry) and their rewards.
+
+``arithmetic``, ``algorithmic``, ``logic``: the paper's Reasoning Gym composites (appendix,
+Listings 2–4); ``gsm_symbolic``: Reasoning Gym's GSM8K-like generator; ``gsm8k``: the official
+split from local jsonl; ``planted``: the synthetic planted-expert check (issue 3).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from musketeers.cache.errors import UserError
+from musketeers.cache.items import Item
+
+from .gsm8k import build_gsm8k_items, gsm8k_task_spec
+from .planted import SIZES as PLANTED_SIZES
+from .planted import build_planted_items, planted_task_spec
+from .reasoning_gym_tasks import (
+    FAMILIES,
+    RG_TASKS,
+    SPLIT_SIZES,
+    build_rg_items,
+    rg_task_spec,
+    system_prompt,
+)
+from .scoring import MAX_ANSWER_CHARS, extract_answer, score
+
+TASKS: tuple[str, ...] = ("arithmetic", "algorithmic", "logic", "gsm8k", "gsm_symbolic", "planted")
+SPLITS: tuple[str, ...] = ("train", "val")
+
+__all__ = [
+    "FAMILIES", "MAX_ANSWER_CHARS", "SPLITS", "TASKS", "Item", "build_items", "check_disjoint",
+    "extract_answer", "score", "task_spec",
+]
+
+
+def _check(task: str, split: str | None = None) -> None:
+    if task not in TASKS:
+        raise UserError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}")
+    if split is not None and split not in SPLITS:
+        raise UserError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+
+
+def build_items(task: str, split: str, limit: int | None = None,
+                gsm8k_dir: str | Path | None = None) -> list[Item]:
+    """The first ``limit`` items (all when None) of ``task``'s ``split``.
+
+    Item ``i`` does not depend on ``limit``; a limit above the split's size returns the split.
+    """
+    _check(task, split)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise UserError(f"--limit must be a positive integer, got {limit!r}")
+    if task == "gsm8k":
+        return build_gsm8k_items(split, limit, gsm8k_dir, system_prompt())
+    if task == "planted":
+        size = PLANTED_SIZES[split]
+        return build_planted_items(split, size if limit is None else min(limit, size))
+    size = SPLIT_SIZES[split]
+    return build_rg_items(task, split, size if limit is None else min(limit, size))
+
+
+def task_spec(task: str) -> dict[str, Any]:
+    """JSON-able description of ``task`` (datasets, weights, configs, seeds, sizes)."""
+    _check(task)
+    if task in RG_TASKS:
+        return rg_task_spec(task)
+    return gsm8k_task_spec() if task == "gsm8k" else planted_task_spec()
+
+
+def check_disjoint(train: list[Item], val: list[Item]) -> None:
+    """Fail loudly when a question appears in both splits (by exact question text)."""
+    shared = {it.question for it in train} & {it.question for it in val}
+    if shared:
+        example = next(iter(shared))[:80]
+        raise RuntimeError(f"train and val share {len(shared)} questions, e.g. {example!r}")
