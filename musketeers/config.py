@@ -1,0 +1,239 @@
+"""TrainConfig: every option of a run in one typed dataclass.
+
+Precedence, lowest first: dataclass defaults < budget preset < YAML file (``--config``) <
+explicit CLI options. The resolved config is saved as ``runs/<name>/config.yaml`` and is what
+``--resume`` and ``musketeers eval`` read back.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+import typing
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from musketeers.cache.errors import UserError
+
+ADVANTAGES = ("group", "loo")
+REWARD_NORMS = ("group", "task", "none")
+LOSS_NORMS = ("token", "sequence", "constant")
+SCHEDULERS = ("constant", "linear", "cosine")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass
+class TrainConfig:
+    """One training run. Defaults are the paper's hyper-parameters (appendix 7)."""
+
+    # what to train on
+    task: str = "logic"
+    team: str | None = "default"
+    roster: str = "pocket"
+    experts: list[str] | None = None
+    team_file: str | None = None
+    method: str = "perceiver"
+    pooling: str = "last"
+    latents: int = 8
+    d_model: int = 512
+    heads: int = 8
+    policy: str = "qwen2.5-coder-0.5b-instruct"
+    budget: str = "pocket"
+    seed: int = 0
+    cache_dir: str = field(default_factory=lambda: os.environ.get("MUSKETEERS_CACHE_DIR", "stores"))
+    run_dir: str | None = None
+    # the optimisation (Eq. 4 and the RLOO+ options)
+    steps: int = 500
+    prompts_per_micro: int = 4
+    grad_accum: int = 8
+    group_size: int = 8
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    beta: float = 0.04
+    lr: float = 1e-4
+    adapter_lr: float = 1e-4
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    scheduler: str = "constant"
+    warmup_steps: int = 0
+    advantage: str = "group"
+    reward_norm: str = "group"
+    dynamic_sampling: bool = False
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    loss_norm: str = "token"
+    inner_iters: int = 1
+    context_position: str = "after_prompt"
+    lora_r: int = 8
+    # bookkeeping
+    save_every: int = 50
+    eval_limit: int | None = 200
+    device: str = "cpu"
+    dtype: str = "float32"
+    live_experts: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def run_path(self) -> Path:
+        """``run_dir`` if given, else ``runs/<task>-<team>-<method>-<pooling>-s<seed>``."""
+        if self.run_dir:
+            return Path(self.run_dir)
+        team = self.team or "custom"
+        pooling = self.pooling.replace(":", "")
+        return Path("runs") / f"{self.task}-{team}-{self.method}-{pooling}-s{self.seed}"
+
+
+# Budget presets: only the size of a run, never the method.
+BUDGETS: dict[str, dict[str, Any]] = {
+    # a couple of tiny steps: proves the path end to end in seconds
+    "smoke": dict(steps=2, prompts_per_micro=2, grad_accum=1, group_size=2, max_new_tokens=16,
+                  save_every=1, eval_limit=8, dtype="float32"),
+    # a CPU overnight on the pocket policy (~1-2 min per step for Qwen-0.5B in bf16)
+    "pocket": dict(steps=300, prompts_per_micro=4, grad_accum=2, group_size=4,
+                   max_new_tokens=64, save_every=25, eval_limit=200, dtype="bfloat16"),
+    # the paper: 500 steps, 4 x 8 = 32 prompts per update, G = 8, 128 new tokens
+    "paper": dict(steps=500, prompts_per_micro=4, grad_accum=8, group_size=8,
+                  max_new_tokens=128, beta=0.04, lr=1e-4, adapter_lr=1e-4, weight_decay=0.01,
+                  grad_clip=1.0, save_every=50, eval_limit=None, dtype="bfloat16"),
+}
+
+
+def _check_type(key: str, value: Any, hint: Any) -> Any:
+    """Return ``value`` converted to ``hint``'s type, or raise UserError naming ``key``."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _check_type(key, value, inner[0])
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        if isinstance(value, str):  # "a,b" from a CLI option
+            value = [v for v in value.split(",") if v]
+        if not isinstance(value, list):
+            raise UserError(f"config key '{key}' must be a list, got {value!r}")
+        return [_check_type(key, v, item) for v in value]
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise UserError(f"config key '{key}' must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UserError(f"config key '{key}' must be an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise UserError(f"config key '{key}' must be a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str | int | float) or isinstance(value, bool):
+            raise UserError(f"config key '{key}' must be a string, got {value!r}")
+        return str(value)
+    return value
+
+
+def _apply(base: dict[str, Any], updates: dict[str, Any], where: str) -> None:
+    hints = typing.get_type_hints(TrainConfig)
+    for key, value in updates.items():
+        if key not in hints:
+            valid = ", ".join(sorted(hints))
+            raise UserError(f"unknown config key '{key}' in {where}; valid keys: {valid}")
+        base[key] = _check_type(key, value, hints[key])
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    """Read a run YAML into a plain dict (keys are checked by :func:`resolve_config`)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"config file {path} not found; pass an existing --config path")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0]
+        raise UserError(f"config file {path} is not valid YAML: {first}") from None
+    if not isinstance(data, dict):
+        raise UserError(f"config file {path} must be a mapping of option: value")
+    return data
+
+
+def resolve_config(yaml_path: Path | None = None, overrides: dict[str, Any] | None = None
+                   ) -> TrainConfig:
+    """Defaults < budget preset < YAML < ``overrides`` (CLI options that were given)."""
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    from_yaml = load_yaml(yaml_path) if yaml_path else {}
+    values = asdict(TrainConfig())
+    budget = overrides.get("budget", from_yaml.get("budget", values["budget"]))
+    if budget not in BUDGETS:
+        raise UserError(f"unknown budget '{budget}'; valid: {', '.join(BUDGETS)}")
+    _apply(values, BUDGETS[budget], f"budget {budget}")
+    _apply(values, from_yaml, str(yaml_path))
+    _apply(values, overrides, "the command line")
+    cfg = TrainConfig(**values)
+    validate(cfg)
+    return cfg
+
+
+def apply_overrides(cfg: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
+    """``cfg`` with the given (non-None) options replaced, type-checked like YAML keys."""
+    values = asdict(cfg)
+    _apply(values, {k: v for k, v in overrides.items() if v is not None}, "the command line")
+    return TrainConfig(**values)
+
+
+def _one_of(name: str, value: str, valid: typing.Iterable[str]) -> None:
+    valid = tuple(valid)
+    if value not in valid:
+        raise UserError(f"unknown {name} '{value}'; valid: {', '.join(valid)}")
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Names against the registries of the other modules; sizes positive. UserError if not."""
+    from musketeers.adapter import METHODS
+    from musketeers.cache.reader import POOLINGS
+    from musketeers.tasks import TASKS
+
+    _one_of("task", cfg.task, TASKS)
+    _one_of("method", cfg.method, METHODS)
+    if not (cfg.pooling in POOLINGS or (cfg.pooling.startswith("layer:")
+                                        and cfg.pooling[6:].isdigit())):
+        raise UserError(f"unknown pooling '{cfg.pooling}'; valid: {', '.join(POOLINGS)}, layer:K")
+    _one_of("budget", cfg.budget, BUDGETS)
+    _one_of("advantage", cfg.advantage, ADVANTAGES)
+    _one_of("reward_norm", cfg.reward_norm, REWARD_NORMS)
+    _one_of("loss_norm", cfg.loss_norm, LOSS_NORMS)
+    _one_of("scheduler", cfg.scheduler, SCHEDULERS)
+    _one_of("dtype", cfg.dtype, DTYPES)
+    for key in ("steps", "prompts_per_micro", "grad_accum", "group_size", "max_new_tokens",
+                "latents", "d_model", "heads", "inner_iters", "lora_r", "save_every"):
+        if getattr(cfg, key) < 1:
+            raise UserError(f"config key '{key}' must be >= 1, got {getattr(cfg, key)}")
+    if cfg.eval_limit is not None and cfg.eval_limit < 1:
+        raise UserError(f"config key 'eval_limit' must be >= 1, got {cfg.eval_limit}")
+    for key in ("beta", "lr", "adapter_lr", "weight_decay", "grad_clip", "clip_low",
+                "clip_high", "temperature"):
+        if getattr(cfg, key) < 0:
+            raise UserError(f"config key '{key}' must be >= 0, got {getattr(cfg, key)}")
+
+
+def save_config(cfg: TrainConfig, path: Path) -> None:
+    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+
+def read_run_config(run_dir: Path) -> TrainConfig:
+    """The resolved config of an existing run (for ``--resume`` and ``eval``)."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise UserError(f"{run_dir} has no config.yaml; pass the folder `musketeers train` wrote")
+    values = asdict(TrainConfig())
+    _apply(values, load_yaml(path), str(path))
+    return TrainConfig(**values)
+
+
+__all__ = ["TrainConfig", "BUDGETS", "resolve_config", "apply_overrides", "validate",
+           "save_config",
+           "read_run_config", "load_yaml"]

@@ -1,0 +1,64 @@
+"""Greedy validation accuracy of a trained run, with or without its context tokens C.
+
+accuracy = mean task score over the cached ``val`` split (one greedy completion per prompt).
+``no_context`` drops C from the prompt: π_θ(y | x) against π_θ(y | [x ‖ C]), the paper's
+Figure 5 comparison. Written to ``RUN_DIR/eval.json`` / ``eval_no_context.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from musketeers import checkpoint as ckpt
+from musketeers.cache.errors import UserError
+from musketeers.cache.progress import progress
+from musketeers.config import read_run_config
+from musketeers.trainer import PolicyFactory, _context, build_components, policy_score
+
+
+def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = False,
+             batch_size: int = 16, policy_factory: PolicyFactory | None = None
+             ) -> dict[str, Any]:
+    """Score the last checkpoint of ``run_dir`` on the val split; returns what it writes."""
+    run_dir = Path(run_dir)
+    if limit is not None and limit < 1:
+        raise UserError(f"--limit must be >= 1, got {limit}")
+    cfg = read_run_config(run_dir)
+    last = ckpt.latest_checkpoint(run_dir)
+    if last is None:
+        raise UserError(f"{run_dir} has no checkpoint yet; train it with `musketeers train`")
+    data, policy, adapter = build_components(cfg, "val", limit=limit or cfg.eval_limit,
+                                             policy_factory=policy_factory)
+    ckpt.load_weights(last, policy.model, adapter)
+    if adapter is not None:
+        adapter.eval()  # hard routing: argmax instead of Gumbel sampling
+    use_adapter = None if no_context else adapter
+    scores: list[float] = []
+    lengths: list[int] = []
+    with progress(f"eval {run_dir.name}", total=len(data), unit="items") as bar, \
+            torch.no_grad():
+        for start in range(0, len(data), batch_size):
+            rows = torch.arange(start, min(start + batch_size, len(data)))
+            items, vectors, router = data.batch(rows)
+            context, _ = _context(use_adapter, vectors, router, cfg.device)
+            comps = policy.generate(policy.encode_prompts(items), context, group_size=1,
+                                    max_new_tokens=cfg.max_new_tokens, greedy=True)
+            scores += [policy_score(it, policy.decode(c)) for it, c in zip(items, comps,
+                                                                            strict=True)]
+            lengths += [len(c) for c in comps]
+            bar.advance(len(items))
+    result = {
+        "accuracy": sum(scores) / max(len(scores), 1),
+        "n": len(scores),
+        "completion_len": sum(lengths) / max(len(lengths), 1),
+        "context": not no_context and adapter is not None,
+        "method": cfg.method,
+        "checkpoint": last.name,
+    }
+    name = "eval_no_context.json" if no_context else "eval.json"
+    (run_dir / name).write_text(json.dumps(result, indent=2))
+    return result

@@ -1,0 +1,216 @@
+"""The planted-expert check: RLVR must learn to route to the one expert that knows the answer.
+
+Task ``planted`` (musketeers.tasks): every prompt asks for a secret digit that the prompt does
+not contain. A synthetic store, written with the cache's own store writer, gives three
+"experts": ``oracle`` whose cached vector is a fixed random code of the digit plus noise, and
+two experts of pure noise. A tiny random llama policy whose word-level vocabulary makes each
+answer ``<answer>d</answer>`` one token (one new token per completion, so chance is 1/10) is
+trained with the same ``train()`` and ``TrainConfig`` as every real run.
+
+Expected: with C (``perceiver``) reward climbs well above chance, utilisation of ``oracle``
+rises, routing entropy falls and ρ(reward, H) < 0; ``single`` stays at chance.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from musketeers.cache import store as st
+from musketeers.cache.items import items_fingerprint
+from musketeers.config import TrainConfig, resolve_config
+
+TEAM = "planted"
+POLICY = "planted-tiny"
+EXPERTS = ("noise-a", "oracle", "noise-b")  # the informative one is not first
+ORACLE = "oracle"
+DIM = 32
+SPECIALS = ("[PAD]", "[UNK]", "[EOS]")
+ANSWERS = tuple(f"<answer>{d}</answer>" for d in range(10))
+CHANCE = 0.1
+
+
+def planted_vectors(digits: np.ndarray, seed: int, noise: float = 0.5
+                    ) -> dict[str, np.ndarray]:
+    """Per expert [N, DIM]: the oracle's code(digit) + noise; the others N(0, 1) noise."""
+    rng = np.random.default_rng(seed)
+    codes = rng.standard_normal((10, DIM)).astype(np.float32)
+    out = {}
+    for name in EXPERTS:
+        eps = rng.standard_normal((len(digits), DIM)).astype(np.float32)
+        out[name] = codes[digits] + noise * eps if name == ORACLE else eps
+    return out
+
+
+def write_planted_store(cache_dir: Path, *, n_train: int = 512, n_val: int = 128,
+                        seed: int = 0) -> Path:
+    """The ``planted`` store under ``cache_dir`` (rebuilt each call), in the cache's format."""
+    from musketeers.tasks import build_items, task_spec
+
+    cache_dir = st.check_cache_dir(cache_dir)
+    path = st.store_path(cache_dir, "planted")
+    root = st.open_root(path, "planted", task_spec("planted"), force=True)
+    for split, n in (("train", n_train), ("val", n_val)):
+        items = build_items("planted", split, limit=n)
+        sg = root.require_group(split)
+        st.write_items(sg, items, items_fingerprint(items), st.CHUNK_ROWS)
+        digits = np.array([int(it.answer) for it in items])
+        for name, vec in planted_vectors(digits, seed + (split == "val")).items():
+            g = sg.require_group(f"experts/{name}")
+            g.attrs.update({"complete": False})
+            st.create_expert_arrays(g, len(items), 1, DIM, st.CHUNK_ROWS, hints=False)
+            for arr in ("last", "first", "random"):
+                g[arr][:] = vec
+            g["layers_last"][:] = np.stack([np.zeros_like(vec), vec], axis=1)
+            g["layers_mean"][:] = np.stack([np.zeros_like(vec), vec], axis=1)
+            g["done"][:] = 1
+            g.attrs.update({"fingerprint": {"planted": name, "seed": seed}, "complete": True,
+                            "n_layers": 1, "d": DIM, "dtype": "float32"})
+    return path
+
+
+def planted_tokenizer():
+    """Word-level: each ``<answer>d</answer>`` is one token; a whole prompt is one [UNK].
+
+    No pre-tokenizer, so the prompt (which carries no information by design) costs one
+    position: sequences are [UNK] ‖ C ‖ answer, which keeps the check fast on a CPU."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + ANSWERS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]",
+                                   eos_token="[EOS]")
+
+
+def planted_policy(cfg: TrainConfig):
+    """A tiny random llama (seeded by ``cfg.seed``) wrapped in the project's Policy."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from musketeers.policy import Policy
+
+    tokenizer = planted_tokenizer()
+    torch.manual_seed(cfg.seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                         max_position_embeddings=256, pad_token_id=0, bos_token_id=None,
+                         eos_token_id=2, tie_word_embeddings=False,
+                         # a frozen head initialised at 0.02 caps logit gaps near 1, and LoRA
+                         # (q, v only) cannot widen them: the policy could never be confident
+                         initializer_range=0.2)
+    model = LlamaForCausalLM(config).to(cfg.device)
+    model.generation_config.eos_token_id = 2
+    model.generation_config.pad_token_id = 0
+    return Policy(model, tokenizer, lora_r=cfg.lora_r, context_position=cfg.context_position)
+
+
+def planted_config(method: str, seed: int, steps: int, cache_dir: Path, run_dir: Path,
+                   **overrides: Any) -> TrainConfig:
+    """The planted run's TrainConfig: one new token, small batches, a fast adapter lr."""
+    values = dict(task="planted", team=TEAM, method=method, pooling="last", policy=POLICY,
+                  budget="smoke", seed=seed, cache_dir=str(cache_dir), run_dir=str(run_dir),
+                  steps=steps, prompts_per_micro=32, grad_accum=1, group_size=8,
+                  max_new_tokens=1, beta=0.0, lr=1e-2, adapter_lr=1e-2, weight_decay=0.0,
+                  latents=4, d_model=64, heads=4, save_every=steps, eval_limit=128,
+                  dtype="float32", device="cpu")
+    values.update(overrides)
+    return resolve_config(None, values)
+
+
+def run_planted(seeds: list[int], steps: int, workdir: Path,
+                methods: tuple[str, ...] = ("perceiver", "single")) -> list[dict[str, Any]]:
+    """Train every (method, seed) on one planted store; one summary row per run."""
+    from musketeers.trainer import train
+
+    workdir = Path(workdir)
+    cache_dir = workdir / "stores"
+    write_planted_store(cache_dir)
+    rows = []
+    threads = torch.get_num_threads()
+    # a 64-wide model gains nothing from intra-op threads, and on a shared CPU they cost 10x
+    torch.set_num_threads(1)
+    try:
+        for method in methods:
+            for seed in seeds:
+                run_dir = workdir / "runs" / f"planted-{method}-s{seed}"
+                cfg = planted_config(method, seed, steps, cache_dir, run_dir)
+                summary = train(cfg)
+                metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+                rows.append(_row(method, seed, summary, metrics))
+    finally:
+        torch.set_num_threads(threads)
+    return rows
+
+
+# What the check demands of every seed (margins sized to hold across seeds, not to be tight).
+MIN_REWARD_WITH_C = 3 * CHANCE
+MAX_REWARD_SINGLE = 2 * CHANCE
+MIN_UTILISATION_GAIN = 0.05
+MIN_ENTROPY_DROP = 0.05
+
+
+def check_rows(rows: list[dict[str, Any]]) -> list[str]:
+    """The failed claims of a planted run table (empty when the check passes)."""
+    bad = []
+    for r in rows:
+        tag = f"{r['method']} seed {r['seed']}"
+        if r["method"] == "single":
+            if r["reward_last"] > MAX_REWARD_SINGLE:
+                bad.append(f"{tag}: reward {r['reward_last']:.3f} above chance without C")
+            continue
+        if r["reward_last"] < MIN_REWARD_WITH_C:
+            bad.append(f"{tag}: reward {r['reward_last']:.3f} < {MIN_REWARD_WITH_C:.2f}")
+        if r["oracle_last"] < r["oracle_first"] + MIN_UTILISATION_GAIN:
+            bad.append(f"{tag}: oracle utilisation {r['oracle_first']:.3f} → "
+                       f"{r['oracle_last']:.3f} did not rise")
+        if r["entropy_last"] > r["entropy_first"] - MIN_ENTROPY_DROP:
+            bad.append(f"{tag}: entropy {r['entropy_first']:.3f} → {r['entropy_last']:.3f} "
+                       "did not fall")
+        if not (r["rho"] is not None and r["rho"] < 0):
+            bad.append(f"{tag}: ρ(reward, H) = {r['rho']} is not negative")
+    return bad
+
+
+def _window(values: list[float], frac: float, last: bool) -> float:
+    k = max(1, int(len(values) * frac))
+    return float(np.mean(values[-k:] if last else values[:k]))
+
+
+def _row(method: str, seed: int, summary: dict, metrics: list[dict]) -> dict[str, Any]:
+    reward = [m["reward_mean"] for m in metrics]
+    row: dict[str, Any] = {"method": method, "seed": seed,
+                           "reward_first": _window(reward, 0.2, last=False),
+                           "reward_last": _window(reward, 0.2, last=True)}
+    if "entropy" in metrics[0]:
+        entropy = [m["entropy"] for m in metrics]
+        oracle = [m["utilisation"][ORACLE] for m in metrics]
+        row.update(entropy_first=_window(entropy, 0.2, last=False),
+                   entropy_last=_window(entropy, 0.2, last=True),
+                   oracle_first=_window(oracle, 0.2, last=False),
+                   oracle_last=_window(oracle, 0.2, last=True),
+                   rho=summary.get("spearman_reward_entropy"))
+    return row
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"planted-expert check (chance = {CHANCE:.2f})")
+    cols = ("method", "seed", "reward_first", "reward_last", "oracle_first", "oracle_last",
+            "entropy_first", "entropy_last", "rho")
+    for c in cols:
+        table.add_column(c, justify="right")
+    for r in rows:
+        table.add_row(*[_fmt(r.get(c)) for c in cols])
+    Console(width=150).print(table)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.3f}" if isinstance(v, float) else str(v)

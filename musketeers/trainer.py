@@ -1,0 +1,423 @@
+"""The GRPO loop (paper Eq. 4): cached expert vectors → adapter → C → LoRA policy → rewards.
+
+One step, as in the paper's appendix 7:
+  1. sample ``prompts_per_micro × grad_accum`` prompts (seeded) and, per micro-batch, compute C
+     with the adapter and sample G completions per prompt in one ``generate`` call;
+  2. score each completion with the task's own scorer, turn rewards into advantages
+     (group / leave-one-out, reward normalisation, optional dynamic sampling);
+  3. old and reference log-probs without grad; μ inner iterations of the clipped GRPO loss,
+     accumulated over the micro-batches, then one AdamW update each (grad clip, scheduler);
+  4. one ``metrics.jsonl`` row: reward, accuracy, KL, loss, grad norm, lengths, the batch-mean
+     A with its entropy H and per-expert utilisation u_i (Eq. 15), wall time.
+
+No expert model is loaded: the pooled vectors of the whole split are read from the cache once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from musketeers import checkpoint as ckpt
+from musketeers.adapter import build_adapter
+from musketeers.cache.errors import UserError
+from musketeers.cache.items import Item
+from musketeers.cache.progress import progress
+from musketeers.config import TrainConfig, save_config
+from musketeers.data import SplitData, load_split
+from musketeers.grpo import compute_advantages, grpo_loss, zero_variance_groups
+from musketeers.routing import batch_routing_stats, spearman
+
+log = logging.getLogger("musketeers.train")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+PolicyFactory = Callable[[TrainConfig], Any]
+# (step, tensor name, tensor) -> tensor: lets tests inject faults (NaN) at named points.
+FaultHook = Callable[[int, str, torch.Tensor], torch.Tensor]
+# (items, rows) -> pooled vectors: the benchmark's --live-experts path computes them live.
+VectorSource = Callable[[list[Item], torch.Tensor], list[torch.Tensor]]
+
+
+class NonFiniteError(UserError):
+    """A NaN/inf in the loss, rewards or gradients: the run stops, last checkpoint kept."""
+
+
+@dataclass
+class Rollout:
+    """One micro-batch of sampled groups, everything the inner iterations need."""
+
+    items: list[Item]
+    vectors: list[torch.Tensor]
+    router: torch.Tensor | None
+    prompt_ids: Any
+    completions: list[list[int]]  # B·G, group-major (row b·G + g)
+    rewards: torch.Tensor  # [B, G]
+    adv: torch.Tensor  # [B, G]
+    keep: torch.Tensor  # [B] bool: groups that enter the loss
+    old_logp: torch.Tensor | None  # [B'·G, T] for kept groups (None when μ = 1)
+    ref_logp: torch.Tensor | None
+    attention: torch.Tensor | None  # [B, m, n]
+    adapter_rng: torch.Tensor | None = None  # CPU RNG state before the rollout's adapter call
+
+
+def build_policy(cfg: TrainConfig):
+    """The LoRA policy named by ``cfg.policy`` (musketeers.teams.policy_spec), loaded offline."""
+    if cfg.policy == "planted-tiny":  # the planted check's tiny policy with its own vocabulary
+        from musketeers.planted import planted_policy
+
+        return planted_policy(cfg)
+    from musketeers.cache.experts import load_expert
+    from musketeers.policy import Policy
+    from musketeers.teams import policy_spec
+
+    model, tokenizer = load_expert(policy_spec(cfg.policy), cfg.device, DTYPES[cfg.dtype])
+    return Policy(model, tokenizer, lora_r=cfg.lora_r, context_position=cfg.context_position)
+
+
+def expert_names_for(cfg: TrainConfig) -> list[str]:
+    if cfg.method == "single":
+        return []
+    if cfg.team == "planted":  # synthetic experts of the planted check: vectors, not models
+        from musketeers.planted import EXPERTS
+
+        return list(EXPERTS)
+    from musketeers.teams import resolve_team
+
+    team_file = Path(cfg.team_file) if cfg.team_file else None
+    # --experts / --team-file replace the named team (which always has a default)
+    team = None if (cfg.experts or team_file) else cfg.team
+    return [s.name for s in resolve_team(team, cfg.roster, cfg.experts, team_file)]
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_components(cfg: TrainConfig, split: str, *, limit: int | None = None,
+                     policy_factory: PolicyFactory | None = None):
+    """(data, policy, adapter) of a run, deterministic in ``cfg.seed``."""
+    data = load_split(cfg, split, expert_names_for(cfg), limit=limit)
+    seed_everything(cfg.seed)
+    policy = (policy_factory or build_policy)(cfg)
+    router_dim = int(data.router.shape[1]) if data.router is not None else 384
+    adapter = build_adapter(cfg.method, data.expert_dims, policy.embed_dim, latents=cfg.latents,
+                            d_model=cfg.d_model, heads=cfg.heads, router_dim=router_dim)
+    if adapter is not None:
+        adapter.to(cfg.device)
+    return data, policy, adapter
+
+
+def make_optimizer(cfg: TrainConfig, policy, adapter):
+    """AdamW with separate learning rates for LoRA (θ) and the adapter (φ); a LambdaLR."""
+    groups = [{"params": [p for p in policy.model.parameters() if p.requires_grad],
+               "lr": cfg.lr}]
+    if adapter is not None:
+        groups.append({"params": list(adapter.parameters()), "lr": cfg.adapter_lr})
+    optimizer = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
+
+    def factor(step: int) -> float:
+        warm = min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0
+        frac = min(step / max(cfg.steps, 1), 1.0)
+        if cfg.scheduler == "linear":
+            return warm * (1.0 - frac)
+        if cfg.scheduler == "cosine":
+            return warm * 0.5 * (1.0 + math.cos(math.pi * frac))
+        return warm
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _check_finite(step: int, name: str, t: torch.Tensor) -> None:
+    if not torch.isfinite(t).all():
+        raise NonFiniteError(f"step {step}: {name} is not finite ({t.flatten()[:4].tolist()}); "
+                             "run stopped, the last good checkpoint is kept")
+
+
+def _sample_rows(n: int, total: int, generator: torch.Generator) -> torch.Tensor:
+    """``total`` distinct rows when the split allows (fresh permutations otherwise)."""
+    perms = [torch.randperm(n, generator=generator) for _ in range(-(-total // n))]
+    return torch.cat(perms)[:total]
+
+
+def _context(adapter, vectors, router, device, rng_state: torch.Tensor | None = None):
+    """C and A for a batch. ``rng_state`` replays the random draws of an earlier call (the
+    hard-routing Gumbel noise), so the loss conditions on the C the completions were sampled
+    with, not on a fresh draw."""
+    if adapter is None:
+        return None, None
+    with torch.random.fork_rng(devices=[], enabled=rng_state is not None):
+        if rng_state is not None:
+            torch.set_rng_state(rng_state)
+        out = adapter([v.to(device) for v in vectors],
+                      router.to(device) if router is not None else None)
+    return out.context, out.attention
+
+
+def _kept(rollout: Rollout, context: torch.Tensor | None):
+    """Prompt ids, context and completions of the groups in the loss."""
+    keep = rollout.keep.tolist()
+    if all(keep):
+        return rollout.prompt_ids, context, rollout.completions
+    g = len(rollout.completions) // len(keep)
+    rows = [b for b, k in enumerate(keep) if k]
+    prompts = [rollout.prompt_ids[b] for b in rows]
+    ctx = context[rows] if context is not None else None
+    comps = [rollout.completions[b * g + j] for b in rows for j in range(g)]
+    return prompts, ctx, comps
+
+
+def rollout(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, rows: torch.Tensor,
+            generator: torch.Generator, fault: FaultHook | None,
+            vector_source: VectorSource | None) -> Rollout:
+    """Sample G completions for each prompt of ``rows``, score them, and fix the advantages."""
+    items, vectors, router = data.batch(rows)
+    if vector_source is not None:
+        vectors = vector_source(items, rows)
+    prompt_ids = policy.encode_prompts(items)
+    adapter_rng = torch.get_rng_state()
+    with torch.no_grad():
+        context, attention = _context(adapter, vectors, router, cfg.device)
+        completions = policy.generate(
+            prompt_ids, context, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature, greedy=False, generator=generator)
+        texts = [policy.decode(c) for c in completions]
+        g = cfg.group_size
+        rewards = torch.tensor([[policy_score(items[b], texts[b * g + j]) for j in range(g)]
+                                for b in range(len(items))], dtype=torch.float32)
+        if fault is not None:
+            rewards = fault(step, "rewards", rewards)
+        _check_finite(step, "rewards", rewards)
+        adv = compute_advantages(rewards, advantage=cfg.advantage, reward_norm=cfg.reward_norm,
+                                 sources=[it.source for it in items])
+        keep = torch.ones(len(items), dtype=torch.bool)
+        if cfg.dynamic_sampling:
+            keep = ~zero_variance_groups(rewards)
+        r = Rollout(items, vectors, router, prompt_ids, completions, rewards, adv, keep,
+                    None, None, attention, adapter_rng)
+        if keep.any():
+            prompts, ctx, comps = _kept(r, context)
+            if cfg.inner_iters > 1:
+                r.old_logp, _ = policy.completion_logprobs(prompts, ctx, comps,
+                                                           temperature=cfg.temperature)
+            if cfg.beta > 0:
+                r.ref_logp, _ = policy.completion_logprobs(prompts, ctx, comps, reference=True,
+                                                           temperature=cfg.temperature)
+    return r
+
+
+def policy_score(item: Item, text: str) -> float:
+    from musketeers.tasks import score
+
+    return float(score(item, text))
+
+
+def _first_bad_grad(policy, adapter) -> str:
+    named = list(policy.model.named_parameters())
+    if adapter is not None:
+        named += [(f"adapter.{n}", p) for n, p in adapter.named_parameters()]
+    for name, p in named:
+        if p.grad is not None and not torch.isfinite(p.grad).all():
+            return f"gradient of {name}"
+    return "gradient norm"
+
+
+def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, optimizer,
+               scheduler, generator: torch.Generator, fault: FaultHook | None = None,
+               vector_source: VectorSource | None = None) -> dict[str, Any]:
+    """One GRPO update (μ inner iterations over ``grad_accum`` micro-batches); its metrics."""
+    t0 = time.perf_counter()
+    b = cfg.prompts_per_micro
+    rows = _sample_rows(len(data), b * cfg.grad_accum, generator)
+    if adapter is not None:
+        adapter.train()
+    rollouts = [rollout(cfg, step, policy, adapter, data, rows[i * b:(i + 1) * b], generator,
+                        fault, vector_source) for i in range(cfg.grad_accum)]
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    active = [r for r in rollouts if r.keep.any()]
+    losses, kls, norms = [], [], []
+    for _ in range(cfg.inner_iters if active else 0):
+        optimizer.zero_grad(set_to_none=True)
+        for r in active:
+            context, _ = _context(adapter, r.vectors, r.router, cfg.device, r.adapter_rng)
+            prompts, ctx, comps = _kept(r, context)
+            logp, mask = policy.completion_logprobs(prompts, ctx, comps,
+                                                     temperature=cfg.temperature)
+            old = r.old_logp if r.old_logp is not None else logp.detach()
+            adv = r.adv[r.keep].reshape(-1).to(logp.device)
+            loss, stats = grpo_loss(
+                logp.float(), old.float(), None if r.ref_logp is None else r.ref_logp.float(),
+                adv, mask, beta=cfg.beta, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                loss_norm=cfg.loss_norm, max_len=cfg.max_new_tokens)
+            if fault is not None:
+                loss = fault(step, "loss", loss)
+            _check_finite(step, "loss", loss.detach())
+            (loss / len(active)).backward()
+            losses.append(float(loss.detach()))
+            kls.append(stats["kl"])
+        clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, clip)
+        if fault is not None:
+            norm = fault(step, "grad_norm", norm)
+        if not torch.isfinite(norm):
+            _check_finite(step, _first_bad_grad(policy, adapter), norm)
+        norms.append(float(norm))
+        optimizer.step()
+    scheduler.step()
+    return _metrics(cfg, step, rollouts, data.expert_names, losses, kls, norms, optimizer,
+                    time.perf_counter() - t0)
+
+
+def _mean(xs: list[float]) -> float | None:
+    return float(np.mean(xs)) if xs else None
+
+
+def _metrics(cfg, step, rollouts, names, losses, kls, norms, optimizer, wall) -> dict[str, Any]:
+    rewards = torch.cat([r.rewards.flatten() for r in rollouts])
+    lengths = [len(c) for r in rollouts for c in r.completions]
+    zero_var = torch.cat([zero_variance_groups(r.rewards) for r in rollouts]).float()
+    row: dict[str, Any] = {
+        "step": step + 1,
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std(correction=0)),
+        # accuracy: the fraction of completions scoring 1.0 (reward_mean is the mean score)
+        "accuracy": float((rewards >= 1.0).float().mean()),
+        "kl": _mean(kls),
+        "loss": _mean(losses),
+        "grad_norm": _mean(norms),
+        "completion_len": float(np.mean(lengths)),
+        "zero_var_frac": float(zero_var.mean()),
+        "lr": optimizer.param_groups[0]["lr"],
+        "time_s": wall,
+    }
+    attention = [r.attention for r in rollouts if r.attention is not None]
+    if attention:
+        row.update(batch_routing_stats(torch.cat(attention), names))
+    return row
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+
+def _read_metrics(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _truncate_metrics(path: Path, steps_done: int) -> None:
+    """Drop rows after the checkpoint a resume starts from (a killed run may have logged them)."""
+    rows = [r for r in _read_metrics(path) if r["step"] <= steps_done]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.replace(path)
+
+
+def _tensorboard(run: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard is optional
+        return None
+    return SummaryWriter(str(run / "tb"))
+
+
+def _log_tb(writer, row: dict[str, Any]) -> None:
+    for key, value in row.items():
+        if isinstance(value, int | float) and key != "step":
+            writer.add_scalar(key, value, row["step"])
+    for name, u in row.get("utilisation", {}).items():
+        writer.add_scalar(f"utilisation/{name}", u, row["step"])
+
+
+def summarize(run: Path, total_steps: int | None = None) -> dict[str, Any]:
+    """summary.json: final figures and Spearman ρ between the reward and entropy series;
+    ``status`` is ``done`` once ``total_steps`` steps are logged, else ``partial``."""
+    rows = _read_metrics(run / "metrics.jsonl")
+    tail = rows[-max(1, len(rows) // 10):]
+    steps = rows[-1]["step"] if rows else 0
+    summary: dict[str, Any] = {
+        "status": "done" if total_steps is not None and steps >= total_steps else "partial",
+        "steps": steps,
+        "reward_first": rows[0]["reward_mean"] if rows else None,
+        "reward_last10pct": _mean([r["reward_mean"] for r in tail]),
+        "accuracy_last10pct": _mean([r["accuracy"] for r in tail]),
+    }
+    if rows and "entropy" in rows[0]:
+        summary["spearman_reward_entropy"] = spearman(
+            [r["reward_mean"] for r in rows], [r["entropy"] for r in rows])
+        summary["entropy_first"] = rows[0]["entropy"]
+        summary["entropy_last10pct"] = _mean([r["entropy"] for r in tail])
+        summary["utilisation_first"] = rows[0]["utilisation"]
+        summary["utilisation_last10pct"] = {
+            k: _mean([r["utilisation"][k] for r in tail]) for k in rows[0]["utilisation"]}
+    if "spearman_reward_entropy" in summary and math.isnan(summary["spearman_reward_entropy"]):
+        summary["spearman_reward_entropy"] = None  # undefined (a constant series): not NaN
+    (run / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def train(cfg: TrainConfig, *, resume: bool = False, policy_factory: PolicyFactory | None = None,
+          fault: FaultHook | None = None, vector_source: VectorSource | None = None,
+          stop_after: int | None = None, plot: bool = True) -> dict[str, Any]:
+    """Run (or resume) the training described by ``cfg``; returns the summary.
+
+    ``stop_after`` ends the loop after that many steps in total without finishing the run
+    (tests use it to simulate a kill). ``vector_source`` replaces the cached vectors (the
+    ``--live-experts`` benchmark path); ``cfg.live_experts`` without one is refused.
+    """
+    if cfg.live_experts and vector_source is None:
+        raise UserError("--live-experts is a benchmark-only path; run it through musketeers.bench")
+    run = cfg.run_path()
+    metrics_path = run / "metrics.jsonl"
+    if not resume and (metrics_path.exists() or ckpt.list_checkpoints(run)):
+        raise UserError(f"run folder {run} already has a run; pass --resume or another --run-dir")
+    data, policy, adapter = build_components(cfg, "train", policy_factory=policy_factory)
+    optimizer, scheduler = make_optimizer(cfg, policy, adapter)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    start = 0
+    if resume:
+        last = ckpt.latest_checkpoint(run)
+        if last is None:
+            raise UserError(f"no checkpoint in {run}; start it without --resume")
+        start = ckpt.load_checkpoint(last, policy.model, adapter, optimizer, scheduler,
+                                     generator)["step"]
+        _truncate_metrics(metrics_path, start)
+        log.info("resuming %s from step %d", run, start)
+    run.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run / "config.yaml")
+    writer = _tensorboard(run)
+    end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
+    with progress(f"train {run.name}", total=end - start, unit="steps") as bar, \
+            open(metrics_path, "a") as out:
+        for step in range(start, end):
+            row = train_step(cfg, step, policy, adapter, data, optimizer, scheduler, generator,
+                             fault=fault, vector_source=vector_source)
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+            if writer is not None:
+                _log_tb(writer, row)
+            log.debug("step %d reward %.3f kl %s", row["step"], row["reward_mean"], row["kl"])
+            if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+                ckpt.save_checkpoint(run, step + 1, policy.model, adapter, optimizer, scheduler,
+                                     generator)
+            bar.advance(1)
+    if writer is not None:
+        writer.close()
+    summary = summarize(run, cfg.steps)
+    if plot and end == cfg.steps:
+        from musketeers.plots import plot_run
+
+        plot_run(_read_metrics(metrics_path), run / "routing.png", title=run.name)
+    return summary

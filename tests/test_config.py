@@ -1,0 +1,111 @@
+"""TrainConfig: precedence, YAML checking, name validation, and the CLI's one-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from musketeers.cache.errors import UserError
+from musketeers.config import (
+    BUDGETS,
+    TrainConfig,
+    read_run_config,
+    resolve_config,
+    save_config,
+)
+
+
+def write(tmp_path: Path, data) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(data) if not isinstance(data, str) else data)
+    return path
+
+
+def test_paper_budget_is_the_papers_numbers():
+    cfg = resolve_config(None, {"budget": "paper"})
+    assert (cfg.steps, cfg.prompts_per_micro, cfg.grad_accum, cfg.group_size) == (500, 4, 8, 8)
+    assert cfg.prompts_per_micro * cfg.grad_accum == 32
+    assert (cfg.max_new_tokens, cfg.beta, cfg.lr, cfg.adapter_lr) == (128, 0.04, 1e-4, 1e-4)
+    assert (cfg.weight_decay, cfg.grad_clip, cfg.latents) == (0.01, 1.0, 8)
+
+
+def test_precedence_defaults_budget_yaml_cli(tmp_path):
+    path = write(tmp_path, {"budget": "smoke", "steps": 7, "group_size": 3, "lr": 0.5})
+    cfg = resolve_config(path, {"group_size": 5, "seed": None})
+    assert cfg.budget == "smoke"
+    assert cfg.steps == 7  # YAML over the smoke preset (2)
+    assert cfg.group_size == 5  # CLI over YAML
+    assert cfg.lr == 0.5 and cfg.max_new_tokens == BUDGETS["smoke"]["max_new_tokens"]
+    assert cfg.beta == TrainConfig().beta  # untouched default
+    # the CLI's budget wins over the YAML's, and the YAML's keys still win over it
+    cfg = resolve_config(path, {"budget": "paper"})
+    assert cfg.budget == "paper" and cfg.grad_accum == 8 and cfg.steps == 7
+
+
+def test_saved_config_reads_back_identically(tmp_path):
+    cfg = resolve_config(None, {"budget": "smoke", "experts": "a,b", "pooling": "layer:3"})
+    assert cfg.experts == ["a", "b"]
+    save_config(cfg, tmp_path / "config.yaml")
+    assert read_run_config(tmp_path) == cfg
+
+
+@pytest.mark.parametrize("data, match", [
+    ({"stepz": 3}, "unknown config key 'stepz'"),
+    ({"steps": "many"}, "'steps' must be an integer"),
+    ({"steps": 2.5}, "'steps' must be an integer"),
+    ({"lr": "fast"}, "'lr' must be a number"),
+    ({"dynamic_sampling": "yes"}, "'dynamic_sampling' must be true or false"),
+    ({"experts": 3}, "'experts' must be a list"),
+    ("- a\n- b\n", "must be a mapping"),
+    ("steps: [1,\n", "not valid YAML"),
+])
+def test_yaml_errors_name_the_key(tmp_path, data, match):
+    with pytest.raises(UserError, match=match):
+        resolve_config(write(tmp_path, data))
+
+
+@pytest.mark.parametrize("key, value, valid", [
+    ("method", "transformer", "perceiver, no_cross_attn, hard_routing, output_collab, single"),
+    ("pooling", "max", "last, first_token, random_token, first_layer, random_layer, mean"),
+    ("budget", "huge", "smoke, pocket, paper"),
+    ("task", "chess", "arithmetic"),
+    ("advantage", "ppo", "group, loo"),
+    ("loss_norm", "sum", "token, sequence, constant"),
+])
+def test_unknown_names_list_the_valid_ones(key, value, valid):
+    with pytest.raises(UserError, match=f"unknown {key} '{value}'; valid: {valid}"):
+        resolve_config(None, {key: value})
+
+
+@pytest.mark.parametrize("key", ["steps", "group_size", "latents", "eval_limit"])
+def test_non_positive_sizes_are_refused(key):
+    with pytest.raises(UserError, match=f"'{key}' must be >= 1"):
+        resolve_config(None, {key: 0})
+
+
+def test_cli_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch):
+    from musketeers.cli import main as cli_main
+
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    cases = [
+        ["train", "--method", "nope", "--run-dir", "r"],
+        ["train", "--pooling", "nope", "--run-dir", "r"],
+        ["train", "--budget", "nope", "--run-dir", "r"],
+        ["train", "--config", str(write(tmp_path, {"bogus": 1})), "--run-dir", "r"],
+        ["train", "--resume", "--run-dir", "r"],
+        ["eval", "r"],
+    ]
+    for args in cases:
+        monkeypatch.setattr("sys.argv", ["musketeers", *args])
+        result = runner.invoke(cli_main.app, args)
+        assert result.exit_code != 0, args
+        assert isinstance(result.exception, UserError), (args, result.exception)
+        assert "\n" not in str(result.exception)
+        with pytest.raises(SystemExit) as exit_info:
+            cli_main.main()
+        assert exit_info.value.code == 2
+    assert not (tmp_path / "r").exists() and not (tmp_path / "runs").exists()

@@ -1,0 +1,220 @@
+"""The GRPO loop on the tiny planted setup: resume, faults, checkpoints, metrics, eval."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from musketeers import checkpoint as ckpt
+from musketeers.cache.errors import UserError
+from musketeers.planted import planted_config, write_planted_store
+from musketeers.trainer import NonFiniteError, build_components, train
+
+TIMING = {"time_s"}
+
+
+@pytest.fixture(scope="module")
+def planted_store(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("planted") / "stores"
+    write_planted_store(root, n_train=64, n_val=16)
+    return root
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def small(method: str, store: Path, run: Path, steps: int = 4, **kw):
+    values = dict(prompts_per_micro=4, group_size=4, grad_accum=2, save_every=2, beta=0.04,
+                  inner_iters=2)
+    values.update(kw)
+    return planted_config(method, 0, steps, store, run, **values)
+
+
+def metrics(run: Path) -> list[dict]:
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
+def test_metrics_rows_and_artifacts(planted_store, tmp_path):
+    run = tmp_path / "run"
+    summary = train(small("perceiver", planted_store, run))
+    rows = metrics(run)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for r in rows:
+        for key in ("reward_mean", "reward_std", "accuracy", "kl", "loss", "grad_norm",
+                    "completion_len", "zero_var_frac", "entropy", "attention"):
+            assert key in r
+        assert set(r["utilisation"]) == {"noise-a", "oracle", "noise-b"}
+        assert sum(r["utilisation"].values()) == pytest.approx(1.0, abs=1e-5)
+        assert 0.0 <= r["accuracy"] <= 1.0 and r["completion_len"] == 1.0
+    assert "spearman_reward_entropy" in summary and summary["status"] == "done"
+    assert (run / "routing.png").stat().st_size > 1000
+    assert (run / "config.yaml").is_file() and (run / "summary.json").is_file()
+    last = ckpt.latest_checkpoint(run)
+    assert last.name == "step-000004"
+    assert (last / "lora" / "adapter_model.safetensors").is_file()
+    assert (last / "lora" / "adapter_config.json").is_file()
+    assert (last / "adapter.safetensors").is_file()
+
+
+def test_resume_equals_uninterrupted(planted_store, tmp_path):
+    method = "perceiver"
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    train(small(method, planted_store, full, steps=5, save_every=2))
+    # "killed" after step 3: the checkpoint is at step 2, step 3 is logged but must be redone
+    partial = train(small(method, planted_store, cut, steps=5, save_every=2), stop_after=3)
+    assert partial["status"] == "partial"
+    assert len(metrics(cut)) == 3 and ckpt.latest_checkpoint(cut).name == "step-000002"
+    train(small(method, planted_store, cut, steps=5, save_every=2), resume=True)
+    assert metrics(cut) == metrics(full)
+
+
+def test_fresh_run_refuses_existing_folder(planted_store, tmp_path):
+    run = tmp_path / "run"
+    train(small("single", planted_store, run, steps=1))
+    with pytest.raises(UserError, match="--resume"):
+        train(small("single", planted_store, run, steps=1))
+
+
+@pytest.mark.parametrize("where", ["loss", "rewards", "grad_norm"])
+def test_nan_stops_and_keeps_last_good_checkpoint(planted_store, tmp_path, where):
+    run = tmp_path / "run"
+
+    def fault(step: int, name: str, t: torch.Tensor) -> torch.Tensor:
+        return t * float("nan") if (step == 2 and name == where) else t
+
+    name = "gradient" if where == "grad_norm" else where
+    with pytest.raises(NonFiniteError, match=f"step 2: {name}"):
+        train(small("perceiver", planted_store, run, steps=4, save_every=1), fault=fault)
+    assert [p.name for p in ckpt.list_checkpoints(run)] == ["step-000001", "step-000002"]
+    assert [r["step"] for r in metrics(run)] == [1, 2]
+    # the kept checkpoint is usable: resuming finishes the run
+    train(small("perceiver", planted_store, run, steps=4, save_every=1), resume=True)
+    assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4]
+
+
+def test_crash_during_save_keeps_previous_checkpoint(planted_store, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    cfg = small("perceiver", planted_store, run, steps=4, save_every=2)
+    real = ckpt._write_state
+    calls = {"n": 0}
+
+    def dying(state, path):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second save dies after LoRA and adapter were written
+            raise KeyboardInterrupt("killed mid-save")
+        real(state, path)
+
+    monkeypatch.setattr(ckpt, "_write_state", dying)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg)
+    monkeypatch.setattr(ckpt, "_write_state", real)
+    assert [p.name for p in ckpt.list_checkpoints(run)] == ["step-000002"]
+    assert list((run / "checkpoints").glob(".tmp-*"))  # the torn save is there, ignored
+    train(cfg, resume=True)
+    assert ckpt.latest_checkpoint(run).name == "step-000004"
+    assert not list((run / "checkpoints").glob(".tmp-*"))  # cleaned by the next save
+    full = tmp_path / "full"
+    train(small("perceiver", planted_store, full, steps=4, save_every=2))
+    assert metrics(run) == metrics(full)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "known: the policy's first RMSNorm (eps 1e-6) rescales a C of ~1e-4 to unit size, so a "
+    "near-zero C is not a zero C; needs out_init_std << sqrt(eps) or a zero-initialised gate"))
+def test_near_zero_adapter_matches_zero_context(planted_store, tmp_path):
+    """Eq. 11's near-zero W_out: first-step log-probs with C equal those with C = 0 (the
+    reference layout; the `single` policy has no C positions at all, so it differs anyway)."""
+    cfg = small("perceiver", planted_store, tmp_path / "r")
+    data, policy, adapter = build_components(cfg, "train")
+    rows = torch.arange(4)
+    items, vectors, _ = data.batch(rows)
+    prompts = policy.encode_prompts(items)
+    comps = [[3 + d] for d in range(10)] * 4
+    with torch.no_grad():
+        context = adapter(vectors).context
+        with_c, _ = policy.completion_logprobs(prompts, context, comps)
+        zero_c, _ = policy.completion_logprobs(prompts, torch.zeros_like(context), comps)
+    assert context.abs().max() < 1e-2
+    torch.testing.assert_close(with_c, zero_c, atol=1e-3, rtol=0)
+
+
+def test_eval_writes_accuracy_with_and_without_context(planted_store, tmp_path):
+    from musketeers.evaluate import evaluate
+
+    run = tmp_path / "run"
+    train(small("perceiver", planted_store, run, steps=2))
+    with_c = evaluate(run, limit=8)
+    without = evaluate(run, limit=8, no_context=True)
+    assert with_c["n"] == without["n"] == 8 and with_c["context"] and not without["context"]
+    assert 0.0 <= with_c["accuracy"] <= 1.0
+    assert json.loads((run / "eval.json").read_text()) == with_c
+    assert (run / "eval_no_context.json").is_file()
+    with pytest.raises(UserError, match="limit"):
+        evaluate(run, limit=0)
+
+
+def test_missing_expert_names_the_precompute_command(planted_store, tmp_path):
+    cfg = small("perceiver", planted_store, tmp_path / "r", team=None,
+                experts=["tiny-llama"])
+    fix = "musketeers precompute --task planted --experts tiny-llama"
+    with pytest.raises(UserError, match=fix):
+        train(cfg)
+    assert not (tmp_path / "r").exists()
+
+
+def test_live_experts_without_source_is_refused(planted_store, tmp_path):
+    with pytest.raises(UserError, match="benchmark"):
+        train(small("perceiver", planted_store, tmp_path / "r", live_experts=True))
+
+
+def test_dynamic_sampling_and_loo_options_run(planted_store, tmp_path):
+    run = tmp_path / "r"
+    train(small("perceiver", planted_store, run, steps=2, dynamic_sampling=True,
+                advantage="loo", reward_norm="task", loss_norm="constant", inner_iters=1,
+                clip_high=0.28))
+    rows = metrics(run)
+    assert all(0.0 <= r["zero_var_frac"] <= 1.0 for r in rows)
+    assert os.path.isdir(run / "checkpoints")
+
+
+def test_sigkill_mid_run_then_resume_equals_uninterrupted(planted_store, tmp_path):
+    """A real ``musketeers train`` process killed with SIGKILL, then ``--resume``d."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from musketeers.config import save_config
+
+    def cfg_for(run: Path):
+        return small("perceiver", planted_store, run, steps=24, save_every=3, grad_accum=1)
+
+    killed = tmp_path / "killed"
+    save_config(cfg_for(killed), tmp_path / "run.yaml")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "musketeers.cli.main", "train", "--config",
+                             str(tmp_path / "run.yaml")], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics_path = killed / "metrics.jsonl"
+    while proc.poll() is None:
+        if metrics_path.exists() and len(metrics_path.read_text().splitlines()) >= 7:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    assert len(metrics(killed)) < 24
+    train(cfg_for(killed), resume=True)
+    full = tmp_path / "full"
+    train(cfg_for(full))
+    assert metrics(killed) == metrics(full)

@@ -1,0 +1,81 @@
+"""Two real training steps on the committed fixture stores (tiny roster), every method; and
+two steps of a pocket policy (SmolLM2) on a small real cache (slow)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from musketeers import checkpoint as ckpt
+from musketeers.config import resolve_config
+from musketeers.trainer import train
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+# the experts the fixture stores hold (musketeers.cache.experts.TINY_EXPERTS)
+TINY = ["tiny-llama", "tiny-gpt2", "tiny-qwen2"]
+
+
+def run_cfg(tmp_path: Path, method: str, **kw):
+    values = dict(task="logic", team=None, experts=TINY, method=method, policy="tiny",
+                  budget="smoke", steps=2, max_new_tokens=4, cache_dir=str(FIXTURES),
+                  run_dir=str(tmp_path / method), dtype="float32", device="cpu")
+    values.update(kw)
+    return resolve_config(None, values)
+
+
+@pytest.mark.parametrize("method", ["perceiver", "no_cross_attn", "hard_routing",
+                                    "output_collab", "single"])
+def test_two_steps_on_fixture_store(tmp_path, method):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: threads only add contention on a shared CPU
+    try:
+        _two_steps(tmp_path, method)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _two_steps(tmp_path: Path, method: str) -> None:
+    cfg = run_cfg(tmp_path, method)
+    train(cfg)
+    run = Path(cfg.run_dir)
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["loss"] is not None and r["grad_norm"] >= 0 for r in rows)
+    has_a = method in ("perceiver", "hard_routing")
+    assert all(("utilisation" in r) == has_a for r in rows)
+    last = ckpt.latest_checkpoint(run)
+    assert (last / "adapter.safetensors").is_file() == (method not in ("output_collab",
+                                                                         "single"))
+
+
+def test_output_collab_puts_hints_in_the_prompt():
+    from musketeers.data import HINTS_HEADER, load_split
+
+    cfg = resolve_config(None, dict(task="logic", team=None, experts=TINY, method="output_collab",
+                                    budget="smoke", cache_dir=str(FIXTURES)))
+    from musketeers.trainer import expert_names_for
+
+    data = load_split(cfg, "train", expert_names_for(cfg), limit=3)
+    assert data.vectors == [] and data.router is None
+    assert all(HINTS_HEADER in it.question for it in data.items)
+
+
+@pytest.mark.slow
+def test_two_steps_of_smollm2_on_a_real_cache(tmp_path):
+    """The pocket SmolLM2 policy on a small real cache (fixture store of tiny experts)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    cache = tmp_path / "stores"
+    shutil.copytree(FIXTURES / "logic.zarr", cache / "logic.zarr")
+    cfg = run_cfg(tmp_path, "perceiver", policy="smollm2", cache_dir=str(cache),
+                  max_new_tokens=8)
+    summary = train(cfg)
+    assert summary["steps"] == 2
+    from musketeers.evaluate import evaluate
+
+    result = evaluate(Path(cfg.run_dir), limit=2)
+    assert result["n"] == 2
