@@ -26,15 +26,18 @@ def fixtures(
     """Build the fixture stores from tiny random-weight experts."""
     import torch
 
-    from musketeers.cache.experts import TINY_EXPERTS
     from musketeers.cache.precompute import PrecomputeConfig, precompute_task
     from musketeers.tasks import build_items, task_spec
+    from musketeers.teams import TEAMS, resolve_team
+
+    # Every member of every team's tiny roster, so each team trains on the fixtures.
+    experts = list({s.name: s for t in TEAMS for s in resolve_team(t, "tiny")}.values())
 
     cfg = PrecomputeConfig(dtype=torch.float32, chunk_rows=CHUNK_ROWS, hints=True,
                            hint_tokens=HINT_TOKENS, force=force)
     for task in FIXTURE_TASKS:
         splits = {s: build_items(task, s, n, gsm8k_dir) for s, n in SIZES.items()}
-        path = precompute_task(out, task, task_spec(task), splits, list(TINY_EXPERTS), cfg)
+        path = precompute_task(out, task, task_spec(task), splits, experts, cfg)
         typer.echo(f"{task}: {path}")
 
 

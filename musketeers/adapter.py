@@ -56,8 +56,13 @@ class OutputProjection(nn.Linear):
     """Eq. 11: C = C' W_out + b_out, d → d_policy, initialised near zero.
 
     W_out ~ N(0, out_init_std²) and b_out = 0, so C starts near zero and the policy's first
-    steps match the policy without context (the paper's stability argument). Not exactly zero:
-    a zero W_out would block every gradient into the rest of the adapter.
+    steps match the reference layout with C = 0 (the paper's stability argument). Not exactly
+    zero: a zero W_out would block every gradient into the rest of the adapter.
+
+    "Near zero" has to be measured against the policy's first RMSNorm, not against the token
+    embeddings: RMSNorm(x) = x / sqrt(mean(x²) + eps) rescales any x with mean(x²) ≳ eps to
+    unit size, so a C of ~1e-4 (eps = 1e-6) already shifts first-step log-probs by ~2 nats.
+    The default 1e-8 keeps C's elements ~1e-7, well under sqrt(eps) = 1e-3.
     """
 
     def __init__(self, d: int, d_policy: int, out_init_std: float):
@@ -127,7 +132,7 @@ class PerceiverAdapter(nn.Module):
         latents: int = 8,
         d_model: int = 512,
         heads: int = 8,
-        out_init_std: float = 1e-4,
+        out_init_std: float = 1e-8,
     ):
         super().__init__()
         if d_model % heads:
@@ -170,7 +175,7 @@ class NoCrossAttnAdapter(nn.Module):
         d_policy: int,
         *,
         d_model: int = 512,
-        out_init_std: float = 1e-4,
+        out_init_std: float = 1e-8,
     ):
         super().__init__()
         self.n_context = len(expert_dims)
@@ -200,7 +205,7 @@ class HardRoutingAdapter(nn.Module):
         *,
         d_model: int = 512,
         router_dim: int = 384,
-        out_init_std: float = 1e-4,
+        out_init_std: float = 1e-8,
         tau: float = 1.0,
     ):
         super().__init__()
@@ -245,7 +250,7 @@ def build_adapter(
     d_model: int = 512,
     heads: int = 8,
     router_dim: int = 384,
-    out_init_std: float = 1e-4,
+    out_init_std: float = 1e-8,
 ) -> nn.Module | None:
     """The adapter for ``method``; None for the methods without a trainable φ."""
     if method == "perceiver":
