@@ -3,6 +3,9 @@
 Rank 0 alone creates groups, writes items and metadata and marks completion, each after a
 barrier; every rank writes only its own chunks, so no two processes touch one chunk file.
 gloo on CPU, NCCL on GPU. Without ``WORLD_SIZE`` > 1 every method is a no-op.
+
+The store's lock file is held by rank 0 alone for the whole run (``precompute_task``): the
+ranks of one job share it, and any other precompute on the same store is refused.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -29,8 +33,15 @@ class Dist:
         if world <= 1:
             return cls()
         if not tdist.is_initialized():
-            tdist.init_process_group("nccl" if device == "cuda" else "gloo")
+            # Ranks wait at barriers while rank 0 converts a model or a slower rank finishes
+            # its chunks: allow hours, not the default 10-30 minutes.
+            tdist.init_process_group("nccl" if device == "cuda" else "gloo",
+                                     timeout=timedelta(hours=6))
         return cls(tdist.get_rank(), tdist.get_world_size())
+
+    def close(self) -> None:
+        if self.world > 1 and tdist.is_initialized():
+            tdist.destroy_process_group()
 
     def barrier(self) -> None:
         if self.world > 1:

@@ -158,35 +158,44 @@ def greedy_hints(model, tokenizer, seqs: list[list[int]], max_new_tokens: int) -
     return tokenizer.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)
 
 
-def compute_rows(model, tokenizer, items: list[Item], rows: np.ndarray,
-                 cfg: PrecomputeConfig) -> tuple[dict, int]:
-    """All stored arrays for ``items`` (global row indices ``rows``), and the token count."""
-    limit = context_length(model, cfg.max_length)
+def prompt_seqs(tokenizer, items: list[Item], limit: int) -> tuple[list[list[int]], list[bool]]:
+    """Token ids per item under the truncation rule (keep the last ``limit``); which were cut."""
     seqs, truncated = [], []
     for it in items:
         ids = prompt_ids(tokenizer, it)
         truncated.append(len(ids) > limit)
         seqs.append(ids[-limit:])
+    return seqs, truncated
+
+
+def compute_rows(model, tokenizer, items: list[Item], rows: np.ndarray,
+                 cfg: PrecomputeConfig) -> tuple[dict, int]:
+    """Every pooled array for ``items`` (global row indices ``rows``), and the token count."""
+    seqs, truncated = prompt_seqs(tokenizer, items, context_length(model, cfg.max_length))
     n_tok = np.array([len(s) for s in seqs], dtype=np.int32)
     rand = random_positions(rows, n_tok, cfg.seed)
     out: dict = {"n_tokens": n_tok, "truncated": np.array(truncated), "random_pos": rand}
-    if cfg.hints:
-        out["hints"] = np.empty(len(items), dtype=object)
     for batch in length_batches(n_tok.tolist(), cfg.batch_tokens):
         pooled = forward_pool(model, [seqs[i] for i in batch], rand[batch],
                               tokenizer.pad_token_id)
         for k, v in pooled.items():
             out.setdefault(k, np.zeros((len(items),) + v.shape[1:], np.float32))[batch] = v
-        if cfg.hints:
-            out["hints"][batch] = greedy_hints(model, tokenizer, [seqs[i] for i in batch],
-                                               cfg.hint_tokens)
     return out, int(n_tok.sum())
 
 
+def compute_hints(model, tokenizer, items: list[Item], cfg: PrecomputeConfig) -> tuple[dict, int]:
+    """The ``hints`` array for ``items``: greedy answers, batched like the poolings."""
+    seqs, _ = prompt_seqs(tokenizer, items, context_length(model, cfg.max_length))
+    hints = np.empty(len(items), dtype=object)
+    for batch in length_batches([len(s) for s in seqs], cfg.batch_tokens):
+        hints[batch] = greedy_hints(model, tokenizer, [seqs[i] for i in batch], cfg.hint_tokens)
+    return {"hints": hints}, sum(len(s) for s in seqs)
+
+
 def run_chunks(g: zarr.Group, n: int, chunk_rows: int, dist: Dist, desc: str,
-               compute: Callable[[int, int], tuple[dict, int]]) -> None:
-    """Compute this rank's unfinished chunks: arrays first, then the chunk's done flag."""
-    flags = st.done_flags(g)
+               compute: Callable[[int, int], tuple[dict, int]], flag: str = "done") -> None:
+    """Compute this rank's unfinished chunks: arrays first, then the chunk's ``flag``."""
+    flags = st.done_flags(g, flag)
     mine = dist.my_chunks(len(flags))
     todo = [c for c in mine if not flags[c]]
     total = sum(np.subtract(*st.chunk_range(c, n, chunk_rows)[::-1]) for c in todo)
@@ -196,33 +205,23 @@ def run_chunks(g: zarr.Group, n: int, chunk_rows: int, dist: Dist, desc: str,
             arrays, tokens = compute(lo, hi)
             for name, values in arrays.items():
                 g[name][lo:hi] = values
-            g["done"][c] = 1
+            g[flag][c] = 1
             bar.advance(hi - lo, tokens=tokens)
 
 
 def prepare_group(split: zarr.Group, path: str, fingerprint: dict, cfg: PrecomputeConfig,
-                  rebuild: str, make: Callable[[zarr.Group], None], hints: bool = False) -> bool:
+                  rebuild: str, make: Callable[[zarr.Group], None]) -> bool:
     """Whether the group needs work. Creates it, refuses a fingerprint mismatch, or marks the
     chunks that ``verify`` finds corrupt as not done so they are recomputed."""
     g = split.get(path)
-    if g is not None and cfg.force:
+    # No fingerprint yet: a run was killed while creating the group; nothing in it counts.
+    if g is not None and (cfg.force or g.attrs.get("fingerprint") is None):
         del split[path]
         g = None
     if g is not None:
         if g.attrs.get("fingerprint") != fingerprint:
             raise UserError(f"{split.path}/{path} was built from other inputs; rebuild: {rebuild}")
-        bad = corrupt_chunks(g)
-        if hints and "hints" not in g:
-            st.create_array(g, "hints", g["n_tokens"].shape, str, cfg.chunk_rows)
-            bad = set(range(g["done"].shape[0]))  # hints come from the same per-chunk pass
-        if g.attrs.get("complete") and not bad:
-            return False
-        for c in sorted(bad):
-            g["done"][c] = 0
-        if bad:
-            log.warning("%s: recomputing chunks %s", g.path, sorted(bad))
-        g.attrs["complete"] = False
-        return True
+        return _reopen_bad(g, "done", "complete")
     g = split.require_group(path)
     g.attrs.update({"complete": False, "fingerprint": None})
     make(g)
@@ -230,10 +229,41 @@ def prepare_group(split: zarr.Group, path: str, fingerprint: dict, cfg: Precompu
     return True
 
 
-def finish(g: zarr.Group, dist: Dist) -> None:
+def prepare_hints(g: zarr.Group) -> bool:
+    """Whether the expert's hints need work. Hints are their own resumable unit (``hints``,
+    ``hints_done`` flags, ``hints_complete``), so adding them to a complete expert runs only
+    generation. ``hints_done`` is created before ``hints``: a bare ``hints`` array means a
+    store from before hints had their own flags, when ``done`` covered them."""
+    n, rows = g["n_tokens"].shape[0], g["n_tokens"].chunks[0]
+    if st.HINTS_FLAG not in g:
+        legacy = "hints" in g
+        st.create_done(g, n, rows, st.HINTS_FLAG)
+        if legacy:
+            g[st.HINTS_FLAG][:] = st.done_flags(g)
+            g.attrs["hints_complete"] = bool(g.attrs.get("complete"))
+    if "hints" not in g:
+        st.create_array(g, "hints", (n,), str, rows)
+    return _reopen_bad(g, st.HINTS_FLAG, "hints_complete")
+
+
+def _reopen_bad(g: zarr.Group, flag: str, attr: str) -> bool:
+    """Clear the flags of corrupt chunks of the unit ``flag`` guards; whether work remains."""
+    bad = corrupt_chunks(g, flag=flag)
+    if g.attrs.get(attr) and not bad:
+        return False
+    for c in sorted(bad):
+        g[flag][c] = 0
+    if bad:
+        log.warning("%s: recomputing %s chunks %s", g.path, flag, sorted(bad))
+    g.attrs[attr] = False
+    return True
+
+
+def finish(g: zarr.Group, dist: Dist, flag: str = "done", attr: str = "complete") -> None:
+    """After every rank's chunks: rank 0 marks the unit complete if every flag is set."""
     dist.barrier()
-    if dist.rank == 0 and st.done_flags(g).all():
-        g.attrs["complete"] = True
+    if dist.rank == 0 and st.done_flags(g, flag).all():
+        g.attrs[attr] = True
     dist.barrier()
 
 
@@ -285,26 +315,34 @@ def precompute_expert(root: zarr.Group, splits: dict[str, list[Item]], spec: Exp
         fp = expert_fingerprint(spec, model, tokenizer, cfg, items_fingerprint(items))
 
         def make(g, n=len(items)):
-            st.create_expert_arrays(g, n, n_layers, d, cfg.chunk_rows, cfg.hints)
+            st.create_expert_arrays(g, n, n_layers, d, cfg.chunk_rows, hints=False)
             g.attrs.update({"n_layers": n_layers, "d": d, "dtype": str(cfg.dtype)[6:]})
 
-        g, work = _prepare(sg, f"experts/{spec.name}", fp, cfg, rebuild, make, dist, cfg.hints)
-        if not work:
-            log.info("%s/%s/%s: complete, skipped", task, split, spec.name)
-            continue
+        g, work = _prepare(sg, f"experts/{spec.name}", fp, cfg, rebuild, make, dist)
+        desc = f"{task}/{split} {spec.name}"
+        if work:
+            def compute(lo, hi, items=items):
+                return compute_rows(model, tokenizer, items[lo:hi], np.arange(lo, hi), cfg)
 
-        def compute(lo, hi, items=items):
-            return compute_rows(model, tokenizer, items[lo:hi], np.arange(lo, hi), cfg)
+            run_chunks(g, len(items), cfg.chunk_rows, dist, desc, compute)
+            finish(g, dist)
+        else:
+            log.info("%s: complete, skipped", desc)
+        if cfg.hints and dist.on_rank0(lambda g=g: prepare_hints(g)):
+            def hints(lo, hi, items=items):
+                return compute_hints(model, tokenizer, items[lo:hi], cfg)
 
-        run_chunks(g, len(items), cfg.chunk_rows, dist, f"{task}/{split} {spec.name}", compute)
-        finish(g, dist)
+            g = zarr.open_group(g.store, path=g.path, mode="r+")  # sees rank 0's new arrays
+            run_chunks(g, len(items), cfg.chunk_rows, dist, f"{desc} hints", hints,
+                       flag=st.HINTS_FLAG)
+            finish(g, dist, st.HINTS_FLAG, "hints_complete")
     model = None  # free the weights before the next expert loads
     gc.collect()
 
 
-def _prepare(sg, path, fp, cfg, rebuild, make, dist: Dist, hints=False):
+def _prepare(sg, path, fp, cfg, rebuild, make, dist: Dist):
     """Rank 0 creates or repairs the group; every rank then sees the same state."""
-    work = dist.on_rank0(lambda: prepare_group(sg, path, fp, cfg, rebuild, make, hints))
+    work = dist.on_rank0(lambda: prepare_group(sg, path, fp, cfg, rebuild, make))
     return zarr.open_group(sg.store, path=f"{sg.path}/{path}", mode="r+"), work
 
 
@@ -341,8 +379,10 @@ def precompute_task(cache_dir: str | Path, task: str, task_spec: dict,
     dist = dist or Dist.from_env()
     root_dir = st.check_cache_dir(cache_dir)
     path = st.store_path(root_dir, task)
-    lock = st.Lock(st.lock_path(path)) if dist.rank == 0 else None
-    dist.on_rank0(lambda: lock.__enter__() and None if lock else None)
+    # Rank 0 alone holds the store's lock for the whole sharded run: other ranks write only
+    # their own chunks inside it, and a second, unrelated precompute is still refused.
+    lock = st.Lock(st.lock_path(path))
+    dist.on_rank0(lock.acquire)
     try:
         dist.on_rank0(lambda: st.open_root(path, task, task_spec, force=cfg.force) and None)
         root = zarr.open_group(path, mode="r+")
@@ -353,6 +393,5 @@ def precompute_task(cache_dir: str | Path, task: str, task_spec: dict,
         for spec in specs:
             precompute_expert(root, splits, spec, task, cfg, dist)
     finally:
-        if lock and lock.fd is not None:
-            lock.__exit__()
+        lock.release()
     return path

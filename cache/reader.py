@@ -140,8 +140,8 @@ def read_hints(cache_dir: str | Path, task: str, split: str,
     cols = []
     for e in experts:
         g = _expert_group(root, task, split, e)
-        if "hints" not in g:
-            raise UserError(f"expert {e!r} has no hints for {task}/{split}; run: "
+        if not st.hints_complete(g):
+            raise UserError(f"expert {e!r} has no complete hints for {task}/{split}; run: "
                             f"{_fix(task, e)} --hints")
         cols.append(_read(g["hints"], task, f"{g.path}/hints", e))
     return [[str(c[i]) for c in cols] for i in range(len(cols[0]) if cols else 0)]

@@ -26,6 +26,8 @@ CHUNK_ROWS = 64
 SPLITS = ("train", "val")
 ITEM_FIELDS = ("id", "question", "system", "answer", "entry", "source")
 ROUTER_ENCODER = "all-minilm-l6-v2"
+HINTS_FLAG = "hints_done"  # hints are their own unit: flags, then ``hints_complete``
+FLAGS = ("done", HINTS_FLAG)
 
 
 def compressors() -> list:
@@ -62,6 +64,9 @@ def open_root(path: Path, task: str, task_spec: dict, force: bool = False) -> za
     if path.exists():
         root = zarr.open_group(path, mode="r+")
         attrs = root.attrs.asdict()
+        if not attrs and not list(root.group_keys()):  # killed between create and attrs
+            shutil.rmtree(path)
+            return open_root(path, task, task_spec, force)
         same = attrs.get("format_version") == FORMAT_VERSION and attrs.get("task_spec") == task_spec
         if same:
             return root
@@ -123,20 +128,21 @@ def create_expert_arrays(
     create_array(g, "random_pos", (n,), "int32", chunk_rows)
     create_array(g, "n_tokens", (n,), "int32", chunk_rows)
     create_array(g, "truncated", (n,), "bool", chunk_rows)
-    if hints:
-        create_array(g, "hints", (n,), str, chunk_rows)
     create_done(g, n, chunk_rows)
+    if hints:  # flags first: see ``precompute.prepare_hints``
+        create_done(g, n, chunk_rows, HINTS_FLAG)
+        create_array(g, "hints", (n,), str, chunk_rows)
 
 
-def create_done(g: zarr.Group, n: int, chunk_rows: int) -> None:
+def create_done(g: zarr.Group, n: int, chunk_rows: int, name: str = "done") -> None:
     # One file per flag: a flag is a single tiny write, and a torn flag reads as not done.
-    g.create_array("done", shape=(n_chunks(n, chunk_rows),), chunks=(1,), dtype="uint8",
+    g.create_array(name, shape=(n_chunks(n, chunk_rows),), chunks=(1,), dtype="uint8",
                    fill_value=0, compressors=[Crc32cCodec()], overwrite=True)
 
 
-def done_flags(g: zarr.Group) -> np.ndarray:
+def done_flags(g: zarr.Group, name: str = "done") -> np.ndarray:
     """Per-chunk done flags; a flag that cannot be read (torn write, bad crc) counts as 0."""
-    done = g["done"]
+    done = g[name]
     flags = np.zeros(done.shape[0], dtype=np.uint8)
     for c in range(done.shape[0]):
         try:
@@ -169,6 +175,12 @@ class Lock:
         os.pwrite(self.fd, str(os.getpid()).encode(), 0)
         return self
 
+    def acquire(self) -> None:
+        self.__enter__()
+
+    def release(self) -> None:
+        self.__exit__()
+
     def __exit__(self, *exc) -> None:
         if self.fd is not None:
             # Unlinked while still held so stores stay clean; a racer that opened the old file
@@ -177,6 +189,22 @@ class Lock:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None
+
+
+def unit_arrays(g: zarr.Group, flag: str = "done") -> tuple[str, ...]:
+    """The arrays whose chunks ``flag`` marks done: ``hints`` under ``hints_done``, the rest
+    under ``done`` (with ``hints`` too in stores from before hints had their own flags)."""
+    if flag == HINTS_FLAG:
+        return ("hints",)
+    own_hints = HINTS_FLAG in g
+    return tuple(k for k in g.array_keys() if k not in FLAGS and not (own_hints and k == "hints"))
+
+
+def hints_complete(g: zarr.Group) -> bool:
+    """Whether an expert group's hints are all stored (either store format)."""
+    if HINTS_FLAG in g:
+        return bool(g.attrs.get("hints_complete"))
+    return "hints" in g and bool(g.attrs.get("complete"))
 
 
 def lock_path(path: Path) -> Path:

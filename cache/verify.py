@@ -35,11 +35,12 @@ def bad_chunks(arr: zarr.Array) -> list[int]:
     return bad
 
 
-def corrupt_chunks(g: zarr.Group, arrays: tuple[str, ...] | None = None) -> set[int]:
-    """Chunks of a group with any unreadable array (flags excluded); only finished chunks
-    count for progress-tracked groups, since unfinished ones are recomputed anyway."""
-    names = arrays or tuple(k for k in g.array_keys() if k != "done")
-    flags = st.done_flags(g) if "done" in g else None
+def corrupt_chunks(g: zarr.Group, arrays: tuple[str, ...] | None = None,
+                   flag: str = "done") -> set[int]:
+    """Chunks of a group with any unreadable array of the unit ``flag`` guards; only finished
+    chunks count for progress-tracked groups, since unfinished ones are recomputed anyway."""
+    names = arrays or st.unit_arrays(g, flag)
+    flags = st.done_flags(g, flag) if flag in g else None
     bad: set[int] = set()
     for name in names:
         if name in g:
@@ -48,9 +49,20 @@ def corrupt_chunks(g: zarr.Group, arrays: tuple[str, ...] | None = None) -> set[
 
 
 def verify_group(g: zarr.Group, progress_tracked: bool) -> list[Problem]:
+    if not progress_tracked:
+        return _verify_unit(g, tuple(sorted(g.array_keys())), None, None)
+    problems = _verify_unit(g, st.unit_arrays(g), "done", "complete")
+    if st.HINTS_FLAG in g:
+        problems += _verify_unit(g, ("hints",), st.HINTS_FLAG, "hints_complete")
+    return problems
+
+
+def _verify_unit(g: zarr.Group, names: tuple[str, ...], flag: str | None,
+                 attr: str | None) -> list[Problem]:
+    """Corrupt finished chunks of ``names``, and the unit's completeness when ``flag`` tracks it."""
     problems = []
-    flags = st.done_flags(g) if progress_tracked else None
-    for name in sorted(k for k in g.array_keys() if k != "done"):
+    flags = st.done_flags(g, flag) if flag else None
+    for name in sorted(n for n in names if n in g):
         arr = g[name]
         rows = _chunk_rows(arr)
         for c in bad_chunks(arr):
@@ -58,9 +70,9 @@ def verify_group(g: zarr.Group, progress_tracked: bool) -> list[Problem]:
                 continue
             lo, hi = st.chunk_range(c, arr.shape[0], rows)
             problems.append(Problem(f"{g.path}/{name}", f"corrupt chunk {c}, rows {lo}:{hi}"))
-    if progress_tracked and not g.attrs.get("complete"):
-        done = int(flags.sum())
-        problems.append(Problem(g.path, f"incomplete ({done}/{len(flags)} chunks done)"))
+    if flag and not g.attrs.get(attr):
+        what = "hints incomplete" if flag == st.HINTS_FLAG else "incomplete"
+        problems.append(Problem(g.path, f"{what} ({int(flags.sum())}/{len(flags)} chunks done)"))
     return problems
 
 

@@ -57,6 +57,9 @@ def precompute(
         Path | None, typer.Option(help="GSM8K jsonl folder (env MUSKETEERS_GSM8K_DIR)")
     ] = None,
     batch_tokens: Annotated[int, typer.Option(help="padded tokens per forward batch")] = 8192,
+    chunk_rows: Annotated[
+        int, typer.Option(help="rows per chunk: the unit of resume and of torchrun sharding")
+    ] = 64,
     no_router: Annotated[bool, typer.Option("--no-router", help="skip MiniLM embeddings")] = False,
 ) -> None:
     """Run every expert of a team once over a task's train and val items into the store."""
@@ -72,6 +75,8 @@ def precompute(
 
     if limit is not None and limit < 1:
         raise UserError(f"--limit must be a positive integer, got {limit}")
+    if chunk_rows < 1:
+        raise UserError(f"--chunk-rows must be positive, got {chunk_rows}")
     if batch_tokens < 1:
         raise UserError(f"--batch-tokens must be positive, got {batch_tokens}")
     tasks = expand_tasks(task)
@@ -82,15 +87,18 @@ def precompute(
     specs = resolve_team(team, roster, names, team_file)
     dev = resolve_device(device)
     cfg = PrecomputeConfig(device=dev, dtype=resolve_dtype(dtype, dev), batch_tokens=batch_tokens,
-                           hints=hints, force=force, router=not no_router)
+                           hints=hints, force=force, router=not no_router, chunk_rows=chunk_rows)
     dist = Dist.from_env(dev)
     # Build every split first: a missing GSM8K file fails before any model loads.
     plans = {t: (task_spec(t), {s: build_items(t, s, limit, gsm8k_dir) for s in SPLITS})
              for t in tasks}
-    for t, (spec, splits) in plans.items():
-        path = precompute_task(root, t, spec, splits, specs, cfg, dist)
-        if dist.rank == 0:
-            typer.echo(f"{t}: {path} ({', '.join(s.name for s in specs)})")
+    try:
+        for t, (spec, splits) in plans.items():
+            path = precompute_task(root, t, spec, splits, specs, cfg, dist)
+            if dist.rank == 0:
+                typer.echo(f"{t}: {path} ({', '.join(s.name for s in specs)})")
+    finally:
+        dist.close()
 
 
 def _store_paths(task: str | None, cache_dir: Path | None) -> list[Path]:
@@ -116,15 +124,15 @@ def info(task: Annotated[str | None, typer.Argument()] = None, cache_dir: CacheD
     from rich.console import Console
     from rich.table import Table
 
-    from musketeers.cache.store import disk_size
+    from musketeers.cache.store import disk_size, unit_arrays
 
     console = Console()
     for path in _store_paths(task, cache_dir):
         root = zarr.open_group(path, mode="r")
-        table = Table(title=f"{path} ({disk_size(path) / 2**20:.1f} MiB, "
+        table = Table(title=f"{path} ({human_size(disk_size(path))}, "
                             f"format {root.attrs.get('format_version')})")
         for col in ("split", "items", "group", "d", "layers", "dtype", "arrays", "complete",
-                    "truncated"):
+                    "hints", "truncated"):
             table.add_column(col)
         for split in sorted(root.group_keys()):
             sg = root[split]
@@ -132,13 +140,49 @@ def info(task: Annotated[str | None, typer.Argument()] = None, cache_dir: CacheD
             for kind in ("experts", "router"):
                 for name in sorted(sg[kind].group_keys()) if kind in sg else []:
                     g = sg[kind][name]
-                    arrays = ",".join(sorted(k for k in g.array_keys() if k != "done"))
-                    trunc = str(int(g["truncated"][:].sum())) if "truncated" in g else "-"
                     table.add_row(split, n, f"{kind}/{name}", str(g.attrs.get("d", "-")),
                                   str(g.attrs.get("n_layers", "-")),
-                                  str(g.attrs.get("dtype", "-")), arrays,
-                                  "yes" if g.attrs.get("complete") else "NO", trunc)
+                                  str(g.attrs.get("dtype", "-")),
+                                  ",".join(k for k in sorted(unit_arrays(g)) if k != "hints"),
+                                  _state(g, "done", "complete"), _hints_state(g),
+                                  _truncated(g))
         console.print(table)
+
+
+def human_size(n_bytes: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n_bytes < 1024 or unit == "GiB":
+            return f"{n_bytes:.0f} {unit}" if unit == "B" else f"{n_bytes:.1f} {unit}"
+        n_bytes /= 1024
+    raise AssertionError
+
+
+def _state(g, flag: str, attr: str) -> str:
+    """``yes``, or ``NO (k/n chunks)`` so a user sees how far an interrupted run got."""
+    from musketeers.cache.store import done_flags
+
+    if g.attrs.get(attr):
+        return "yes"
+    flags = done_flags(g, flag)
+    return f"NO ({int(flags.sum())}/{len(flags)} chunks)"
+
+
+def _hints_state(g) -> str:
+    from musketeers.cache.store import HINTS_FLAG, hints_complete
+
+    if "hints" not in g:
+        return "-"
+    if HINTS_FLAG in g:
+        return _state(g, HINTS_FLAG, "hints_complete")
+    return "yes" if hints_complete(g) else "NO"
+
+
+def _truncated(g) -> str:
+    """Prompts cut to the expert's context (kept their last tokens), out of the rows stored."""
+    if "truncated" not in g:
+        return "-"
+    cut, n = int(g["truncated"][:].sum()), g["truncated"].shape[0]
+    return f"{cut}/{n}" + (f" ({100 * cut / n:.0f}%)" if cut else "")
 
 
 @cache_app.command("verify")
