@@ -2,41 +2,20 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from musketeers.cache.errors import UserError
+from musketeers.features import CACHE_DIR_ENV, cache_root
 
-CACHE_DIR_ENV = "MUSKETEERS_CACHE_DIR"
 TaskOpt = Annotated[str, typer.Option("--task", help="task name, or 'all'")]
 CacheDirOpt = Annotated[
     Path | None, typer.Option("--cache-dir", help=f"stores root (env {CACHE_DIR_ENV}; ./stores)")
 ]
 
 cache_app = typer.Typer(help="Inspect and check feature-cache stores.", no_args_is_help=True)
-
-
-def cache_root(cache_dir: Path | None) -> Path:
-    return Path(cache_dir or os.environ.get(CACHE_DIR_ENV) or "stores")
-
-
-def all_tasks() -> list[str]:
-    from musketeers.tasks import TASKS
-
-    return [t for t in TASKS if t != "planted"]
-
-
-def expand_tasks(task: str) -> list[str]:
-    from musketeers.tasks import TASKS
-
-    if task == "all":
-        return all_tasks()
-    if task not in TASKS:
-        raise UserError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}, all")
-    return [task]
 
 
 def precompute(
@@ -63,42 +42,14 @@ def precompute(
     no_router: Annotated[bool, typer.Option("--no-router", help="skip MiniLM embeddings")] = False,
 ) -> None:
     """Run every expert of a team once over a task's train and val items into the store."""
-    from musketeers.cache.dist import Dist
-    from musketeers.cache.precompute import (
-        PrecomputeConfig,
-        precompute_task,
-        resolve_device,
-        resolve_dtype,
-    )
-    from musketeers.cache.store import check_cache_dir
-    from musketeers.tasks import SPLITS, build_items, task_spec
-
-    if limit is not None and limit < 1:
-        raise UserError(f"--limit must be a positive integer, got {limit}")
-    if chunk_rows < 1:
-        raise UserError(f"--chunk-rows must be positive, got {chunk_rows}")
-    if batch_tokens < 1:
-        raise UserError(f"--batch-tokens must be positive, got {batch_tokens}")
-    tasks = expand_tasks(task)
-    root = check_cache_dir(cache_root(cache_dir))
-    from musketeers.teams import resolve_team
+    from musketeers.features import precompute_features
 
     names = [e.strip() for e in experts.split(",") if e.strip()] if experts else None
-    specs = resolve_team(team, roster, names, team_file)
-    dev = resolve_device(device)
-    cfg = PrecomputeConfig(device=dev, dtype=resolve_dtype(dtype, dev), batch_tokens=batch_tokens,
-                           hints=hints, force=force, router=not no_router, chunk_rows=chunk_rows)
-    dist = Dist.from_env(dev)
-    # Build every split first: a missing GSM8K file fails before any model loads.
-    plans = {t: (task_spec(t), {s: build_items(t, s, limit, gsm8k_dir) for s in SPLITS})
-             for t in tasks}
-    try:
-        for t, (spec, splits) in plans.items():
-            path = precompute_task(root, t, spec, splits, specs, cfg, dist)
-            if dist.rank == 0:
-                typer.echo(f"{t}: {path} ({', '.join(s.name for s in specs)})")
-    finally:
-        dist.close()
+    precompute_features(
+        task, team=team, roster=roster, experts=names, team_file=team_file, limit=limit,
+        cache_dir=cache_dir, device=device, dtype=dtype, hints=hints, force=force,
+        gsm8k_dir=gsm8k_dir, batch_tokens=batch_tokens, chunk_rows=chunk_rows,
+        router=not no_router)
 
 
 def _store_paths(task: str | None, cache_dir: Path | None) -> list[Path]:

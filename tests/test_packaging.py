@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -23,11 +24,20 @@ def test_editable_install_maps_cache_and_cli():
 
 
 def test_built_wheel_installs_only_musketeers(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(tmp_path / "dist"), str(REPO)], check=True)
+    had_build = (REPO / "build").exists()
+    try:
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                        "-q", "-w", str(tmp_path / "dist"), str(REPO)], check=True)
+    finally:
+        if not had_build:  # setuptools builds in-tree; leave the checkout as it was
+            shutil.rmtree(REPO / "build", ignore_errors=True)
     wheel = next((tmp_path / "dist").glob("musketeers-*.whl"))
-    tops = {n.split("/")[0] for n in zipfile.ZipFile(wheel).namelist()}
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names}
     assert "musketeers" in tops and not tops & {"cache", "cli"}
+    # the team registry and the ablation grids are data the installed commands read
+    assert "musketeers/configs/teams.yaml" in names
+    assert "musketeers/configs/ablations/smoke.yaml" in names
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
                     str(site), str(wheel)], check=True)

@@ -57,7 +57,7 @@ def grid_needs(grid: Grid, team_experts: Callable[[str | None, str], list[str]] 
 def missing(need: TaskNeed) -> tuple[list[str], list[str], bool]:
     """(experts absent/incomplete, experts lacking hints, router missing) in the store."""
     from musketeers.cache.reader import open_store
-    from musketeers.cache.store import ROUTER_ENCODER
+    from musketeers.cache.store import ROUTER_ENCODER, hints_complete
 
     try:
         root = open_store(need.cache_dir, need.task)
@@ -70,7 +70,7 @@ def missing(need: TaskNeed) -> tuple[list[str], list[str], bool]:
             if path not in root or not root[path].attrs.get("complete"):
                 absent.append(name)
                 break
-            if name in need.hint_experts and "hints" not in root[path]:
+            if name in need.hint_experts and not hints_complete(root[path]):
                 no_hints.append(name)
                 break
     if need.router:
@@ -102,7 +102,7 @@ def ensure_cache(grid: Grid, settings: dict[str, Any] | None,
                 f" in {need.cache_dir}; run: "
                 + ("make fixtures" if grid.budget == "smoke" else
                    f"musketeers precompute --task {need.task} --experts {','.join(todo)}"))
-        from musketeers.cli.precompute import precompute
+        from musketeers.features import precompute_features
 
         log.info("precompute %s: %s%s", need.task, ", ".join(todo) or "-",
                  " + router" if router else "")
@@ -111,11 +111,11 @@ def ensure_cache(grid: Grid, settings: dict[str, Any] | None,
         for names, hints in batches:
             if not names and todo:
                 continue
-            precompute(task=need.task, roster=need.roster, experts=",".join(names) or None,
-                       team=None if names else "default", cache_dir=Path(need.cache_dir),
-                       limit=settings.get("limit"), hints=hints,
-                       device=settings.get("device", "auto"), dtype=settings.get("dtype", "auto"),
-                       gsm8k_dir=gsm8k_dir, no_router=not router)
+            precompute_features(
+                need.task, roster=need.roster, experts=names or None,
+                team=None if names else "default", cache_dir=Path(need.cache_dir),
+                limit=settings.get("limit"), hints=hints, device=settings.get("device", "auto"),
+                dtype=settings.get("dtype", "auto"), gsm8k_dir=gsm8k_dir, router=router)
             router = False
         done.append(need.task)
     return done

@@ -1,0 +1,81 @@
+"""Precompute a task's expert features: tasks and teams (the method's side) meet the cache.
+
+The cache knows nothing of tasks or teams: it runs causal LMs over a list of items. This is
+the one place that builds a task's items, resolves a team into expert specs and hands both to
+``musketeers.cache.precompute``; the CLI and the ablation grid both call it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from musketeers.cache.errors import UserError
+
+CACHE_DIR_ENV = "MUSKETEERS_CACHE_DIR"
+
+
+def cache_root(cache_dir: Path | str | None) -> Path:
+    return Path(cache_dir or os.environ.get(CACHE_DIR_ENV) or "stores")
+
+
+def expand_tasks(task: str) -> list[str]:
+    """``all`` means every real task (the synthetic ``planted`` task is built by its demo)."""
+    from musketeers.tasks import TASKS
+
+    if task == "all":
+        return [t for t in TASKS if t != "planted"]
+    if task not in TASKS:
+        raise UserError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}, all")
+    return [task]
+
+
+def precompute_features(
+    task: str = "logic", *, team: str | None = None, roster: str = "pocket",
+    experts: list[str] | None = None, team_file: Path | None = None, limit: int | None = None,
+    cache_dir: Path | str | None = None, device: str = "auto", dtype: str = "auto",
+    hints: bool = False, force: bool = False, gsm8k_dir: Path | None = None,
+    batch_tokens: int = 8192, chunk_rows: int = 64, router: bool = True,
+) -> list[Path]:
+    """Run every expert of a team once over a task's train and val items into its store.
+
+    Experts already complete in the store are skipped; under ``torchrun`` the ranks shard
+    the rows (musketeers.cache.dist). Returns the store paths written.
+    """
+    from musketeers.cache.dist import Dist
+    from musketeers.cache.precompute import (
+        PrecomputeConfig,
+        precompute_task,
+        resolve_device,
+        resolve_dtype,
+    )
+    from musketeers.cache.store import check_cache_dir
+    from musketeers.tasks import SPLITS, build_items, task_spec
+    from musketeers.teams import resolve_team
+
+    if limit is not None and limit < 1:
+        raise UserError(f"--limit must be a positive integer, got {limit}")
+    if chunk_rows < 1:
+        raise UserError(f"--chunk-rows must be positive, got {chunk_rows}")
+    if batch_tokens < 1:
+        raise UserError(f"--batch-tokens must be positive, got {batch_tokens}")
+    tasks = expand_tasks(task)
+    root = check_cache_dir(cache_root(cache_dir))
+    specs = resolve_team(team, roster, experts, team_file)
+    dev = resolve_device(device)
+    cfg = PrecomputeConfig(device=dev, dtype=resolve_dtype(dtype, dev), batch_tokens=batch_tokens,
+                           hints=hints, force=force, router=router, chunk_rows=chunk_rows)
+    dist = Dist.from_env(dev)
+    # Build every split first: a missing GSM8K file fails before any model loads.
+    plans = {t: (task_spec(t), {s: build_items(t, s, limit, gsm8k_dir) for s in SPLITS})
+             for t in tasks}
+    paths = []
+    try:
+        for t, (spec, splits) in plans.items():
+            path = precompute_task(root, t, spec, splits, specs, cfg, dist)
+            if dist.rank == 0:
+                print(f"{t}: {path} ({', '.join(s.name for s in specs)})")
+            paths.append(path)
+    finally:
+        dist.close()
+    return paths
