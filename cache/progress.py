@@ -83,3 +83,12 @@ def progress(desc: str, total: int, unit: str = "items", every_s: float = 10.0,
     with Progress(*columns, transient=False) as bar:
         task = bar.add_task(desc, total=total)
         yield _Tracker(desc, total, unit, every_s, (bar, task))
+
+
+def console():
+    """A Rich console that does not squeeze tables into 80 columns when output is a file/pipe."""
+    import sys
+
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=160)

@@ -72,12 +72,12 @@ def _store_paths(task: str | None, cache_dir: Path | None) -> list[Path]:
 def info(task: Annotated[str | None, typer.Argument()] = None, cache_dir: CacheDirOpt = None):
     """What each store holds: splits, items, experts, poolings, dtype, size, completeness."""
     import zarr
-    from rich.console import Console
     from rich.table import Table
 
+    from musketeers.cache.progress import console as rich_console
     from musketeers.cache.store import disk_size, unit_arrays
 
-    console = Console()
+    console = rich_console()
     for path in _store_paths(task, cache_dir):
         root = zarr.open_group(path, mode="r")
         table = Table(title=f"{path} ({human_size(disk_size(path))}, "

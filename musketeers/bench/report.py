@@ -149,8 +149,9 @@ def write_markdown(report: Report, path: Path) -> None:
 
 
 def print_table(report: Report) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from musketeers.cache.progress import console as rich_console
 
     table = Table(title="musketeers bench (ratios measured side by side in this run)")
     for col in ("section", "metric", "value", "target", "status"):
@@ -160,6 +161,6 @@ def print_table(report: Report) -> None:
         color = colors.get(r.status, "yellow" if r.status.startswith("SKIP") else "")
         status = f"[{color}]{r.status}[/]" if color else r.status
         table.add_row(r.section, r.metric, r.value, r.target, status)
-    Console().print(table)
+    rich_console().print(table)
     for n in report.notes:
-        Console().print(f"[dim]- {n}[/]")
+        rich_console().print(f"[dim]- {n}[/]")
