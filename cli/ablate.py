@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
 from musketeers.cache.errors import UserError
 
 log = logging.getLogger("musketeers.ablate")

@@ -46,6 +46,8 @@ def train(
     loss_norm: Annotated[str | None, Opt(help="token, sequence or constant")] = None,
     inner_iters: Annotated[int | None, Opt(help="μ, GRPO iterations per batch")] = None,
     context_position: Annotated[str | None, Opt(help="after_prompt or before_prompt")] = None,
+    no_context_every: Annotated[int | None, Opt(help="every N steps also log the reward "
+                                                     "without C (Figure 5); 0 = never")] = None,
     device: Annotated[str | None, Opt()] = None,
     dtype: Annotated[str | None, Opt(help="float32 or bfloat16")] = None,
     cache_dir: Annotated[Path | None, Opt(help="stores root (env MUSKETEERS_CACHE_DIR)")] = None,

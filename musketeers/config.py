@@ -40,6 +40,8 @@ class TrainConfig:
     latents: int = 8
     d_model: int = 512
     heads: int = 8
+    # a registry name, a local folder, a hub id, or ``package.module:function`` naming a
+    # factory ``(TrainConfig) -> Policy`` (a plug-in policy: the planted check's tiny model)
     policy: str = "qwen2.5-coder-0.5b-instruct"
     budget: str = "pocket"
     seed: int = 0
@@ -70,8 +72,14 @@ class TrainConfig:
     lora_r: int = 8
     # bookkeeping
     save_every: int = 50
+    # every N steps also sample the step's prompts without C, π_θ(y|x), and log
+    # ``reward_no_context`` (Figure 5); 0 = never
+    no_context_every: int = 0
     eval_limit: int | None = 200
     device: str = "cpu"
+    # torch intra-op threads while the run trains (None: torch's default). Tiny models gain
+    # nothing from threads and on a shared CPU the thread handoffs make them several times slower
+    threads: int | None = None
     dtype: str = "float32"
     live_experts: bool = False
 
@@ -89,8 +97,8 @@ class TrainConfig:
 
 # Budget presets: only the size of a run, never the method.
 BUDGETS: dict[str, dict[str, Any]] = {
-    # a couple of tiny steps: proves the path end to end in seconds
-    "smoke": dict(steps=2, prompts_per_micro=2, grad_accum=1, group_size=2, max_new_tokens=16,
+    # three tiny steps (the fewest with a defined Spearman ρ): the path end to end in seconds
+    "smoke": dict(steps=3, prompts_per_micro=2, grad_accum=1, group_size=2, max_new_tokens=16,
                   save_every=1, eval_limit=8, dtype="float32"),
     # a CPU overnight on the pocket policy (~1-2 min per step for Qwen-0.5B in bf16)
     "pocket": dict(steps=300, prompts_per_micro=4, grad_accum=2, group_size=4,
@@ -212,6 +220,10 @@ def validate(cfg: TrainConfig) -> None:
                 "latents", "d_model", "heads", "inner_iters", "lora_r", "save_every"):
         if getattr(cfg, key) < 1:
             raise UserError(f"config key '{key}' must be >= 1, got {getattr(cfg, key)}")
+    if cfg.threads is not None and cfg.threads < 1:
+        raise UserError(f"config key 'threads' must be >= 1, got {cfg.threads}")
+    if cfg.no_context_every < 0:
+        raise UserError(f"config key 'no_context_every' must be >= 0, got {cfg.no_context_every}")
     if cfg.eval_limit is not None and cfg.eval_limit < 1:
         raise UserError(f"config key 'eval_limit' must be >= 1, got {cfg.eval_limit}")
     for key in ("beta", "lr", "adapter_lr", "weight_decay", "grad_clip", "clip_low",

@@ -24,8 +24,10 @@ from musketeers.cache import store as st
 from musketeers.cache.items import items_fingerprint
 from musketeers.config import TrainConfig, resolve_config
 
-TEAM = "planted"
-POLICY = "planted-tiny"
+# No name below is known to the trainer: the team is a team file written beside the store and
+# the policy a ``module:function`` factory, the paths any user's own team and model take.
+TEAM_FILE = "planted.team.yaml"
+POLICY = "musketeers.planted:planted_policy"
 EXPERTS = ("noise-a", "oracle", "noise-b")  # the informative one is not first
 ORACLE = "oracle"
 DIM = 32
@@ -70,6 +72,21 @@ def write_planted_store(cache_dir: Path, *, n_train: int = 512, n_val: int = 128
             g["done"][:] = 1
             g.attrs.update({"fingerprint": {"planted": name, "seed": seed}, "complete": True,
                             "n_layers": 1, "d": DIM, "dtype": "float32"})
+    write_team_file(cache_dir)
+    return path
+
+
+def write_team_file(cache_dir: Path) -> Path:
+    """``cache_dir/planted.team.yaml``: the synthetic experts as a team file. Their ``ref``
+    is never loaded (training reads only the store); it names what produced the vectors."""
+    import yaml
+
+    entries = [{"name": name, "kind": "random", "ref": f"planted:{name}",
+                "description": "planted-expert check: " + ("code of the answer digit + noise"
+                                                           if name == ORACLE else "pure noise")}
+               for name in EXPERTS]
+    path = Path(cache_dir) / TEAM_FILE
+    path.write_text(yaml.safe_dump({"experts": entries}, sort_keys=False))
     return path
 
 
@@ -111,7 +128,8 @@ def planted_policy(cfg: TrainConfig):
 def planted_config(method: str, seed: int, steps: int, cache_dir: Path, run_dir: Path,
                    **overrides: Any) -> TrainConfig:
     """The planted run's TrainConfig: one new token, small batches, a fast adapter lr."""
-    values = dict(task="planted", team=TEAM, method=method, pooling="last", policy=POLICY,
+    values = dict(task="planted", team=None, team_file=str(Path(cache_dir) / TEAM_FILE),
+                  method=method, pooling="last", policy=POLICY,
                   budget="smoke", seed=seed, cache_dir=str(cache_dir), run_dir=str(run_dir),
                   steps=steps, prompts_per_micro=32, grad_accum=1, group_size=8,
                   max_new_tokens=1, beta=0.0, lr=1e-2, adapter_lr=1e-2, weight_decay=0.0,
@@ -197,8 +215,9 @@ def _row(method: str, seed: int, summary: dict, metrics: list[dict]) -> dict[str
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from musketeers.cache.progress import console as rich_console
 
     table = Table(title=f"planted-expert check (chance = {CHANCE:.2f})")
     cols = ("method", "seed", "reward_first", "reward_last", "oracle_first", "oracle_last",
@@ -207,7 +226,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         table.add_column(c, justify="right")
     for r in rows:
         table.add_row(*[_fmt(r.get(c)) for c in cols])
-    Console(width=150).print(table)
+    rich_console().print(table)
 
 
 def _fmt(v: Any) -> str:

@@ -15,6 +15,9 @@ No expert model is loaded: the pooled vectors of the whole split are read from t
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import importlib
 import json
 import logging
 import math
@@ -71,26 +74,49 @@ class Rollout:
 
 
 def build_policy(cfg: TrainConfig):
-    """The LoRA policy named by ``cfg.policy`` (musketeers.teams.policy_spec), loaded offline."""
-    if cfg.policy == "planted-tiny":  # the planted check's tiny policy with its own vocabulary
-        from musketeers.planted import planted_policy
-
-        return planted_policy(cfg)
-    from musketeers.cache.experts import load_expert
+    """The LoRA policy named by ``cfg.policy``, loaded offline: a registry name, a local folder
+    or a hub id (musketeers.teams.policy_spec), or a ``package.module:function`` factory."""
+    if ":" in cfg.policy and not Path(cfg.policy).exists():
+        return _policy_plugin(cfg.policy)(cfg)
     from musketeers.policy import Policy
     from musketeers.teams import policy_spec
 
-    model, tokenizer = load_expert(policy_spec(cfg.policy), cfg.device, DTYPES[cfg.dtype])
+    model, tokenizer = _load_base(policy_spec(cfg.policy), cfg.device, cfg.dtype)
     return Policy(model, tokenizer, lora_r=cfg.lora_r, context_position=cfg.context_position)
 
 
+def _policy_plugin(ref: str) -> PolicyFactory:
+    module, _, attr = ref.partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise UserError(f"policy {ref!r}: cannot import {attr!r} from {module!r} ({exc}); "
+                        "pass --policy a registry name, folder, hub id or module:function"
+                        ) from None
+
+
+# The frozen base weights of the last policy loaded: an ablation grid trains dozens of runs of
+# one policy in one process, and LoRA wraps (mutates) the model, so each run gets a deep copy.
+_BASE: dict[tuple, tuple[Any, Any]] = {}
+
+
+def _load_base(spec, device: str, dtype: str):
+    from musketeers.cache.experts import load_expert
+
+    key = (spec, device, dtype)
+    if key not in _BASE:
+        state = torch.get_rng_state()  # loading must not shift the seeded LoRA/adapter init
+        _BASE.clear()  # one policy at a time: a grid uses one, and weights can be large
+        _BASE[key] = load_expert(spec, device, DTYPES[dtype])
+        torch.set_rng_state(state)
+    model, tokenizer = _BASE[key]
+    return copy.deepcopy(model), tokenizer
+
+
 def expert_names_for(cfg: TrainConfig) -> list[str]:
+    """The team's expert names (stores are keyed by them); none for ``single``."""
     if cfg.method == "single":
         return []
-    if cfg.team == "planted":  # synthetic experts of the planted check: vectors, not models
-        from musketeers.planted import EXPERTS
-
-        return list(EXPERTS)
     from musketeers.teams import resolve_team
 
     team_file = Path(cfg.team_file) if cfg.team_file else None
@@ -217,6 +243,26 @@ def rollout(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, rows:
     return r
 
 
+def no_context_reward(cfg: TrainConfig, step: int, policy, data: SplitData,
+                      rows: torch.Tensor) -> float:
+    """Mean reward of π_θ(y | x) — the policy alone, no context positions — on the step's own
+    prompts (the paper's Figure 5 against π_θ(y | [x ‖ C])).
+
+    Sampled from a generator seeded by (seed, step), never from the training streams, so a
+    run that logs it trains exactly like one that does not, and resume stays exact.
+    """
+    items, _, _ = data.batch(rows)
+    generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step + 1)
+    with torch.no_grad():
+        completions = policy.generate(
+            policy.encode_prompts(items), None, group_size=cfg.group_size,
+            max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, greedy=False,
+            generator=generator)
+    g = cfg.group_size
+    scores = [policy_score(items[i // g], policy.decode(c)) for i, c in enumerate(completions)]
+    return float(np.mean(scores))
+
+
 def policy_score(item: Item, text: str) -> float:
     from musketeers.tasks import score
 
@@ -244,6 +290,10 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
         adapter.train()
     rollouts = [rollout(cfg, step, policy, adapter, data, rows[i * b:(i + 1) * b], generator,
                         fault, vector_source) for i in range(cfg.grad_accum)]
+    # before the update, so it compares with this step's reward_mean (same weights, prompts)
+    without_c = None
+    if adapter is not None and cfg.no_context_every and step % cfg.no_context_every == 0:
+        without_c = no_context_reward(cfg, step, policy, data, rows)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     active = [r for r in rollouts if r.keep.any()]
     losses, kls, norms = [], [], []
@@ -275,8 +325,11 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
         norms.append(float(norm))
         optimizer.step()
     scheduler.step()
-    return _metrics(cfg, step, rollouts, data.expert_names, losses, kls, norms, optimizer,
-                    time.perf_counter() - t0)
+    row = _metrics(cfg, step, rollouts, data.expert_names, losses, kls, norms, optimizer,
+                   time.perf_counter() - t0)
+    if without_c is not None:
+        row["reward_no_context"] = without_c
+    return row
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -368,6 +421,18 @@ def summarize(run: Path, total_steps: int | None = None) -> dict[str, Any]:
     return summary
 
 
+@contextlib.contextmanager
+def torch_threads(n: int | None):
+    """``torch.set_num_threads(n)`` for the block (no change when ``n`` is None)."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def train(cfg: TrainConfig, *, resume: bool = False, policy_factory: PolicyFactory | None = None,
           fault: FaultHook | None = None, vector_source: VectorSource | None = None,
           stop_after: int | None = None, plot: bool = True) -> dict[str, Any]:
@@ -377,6 +442,13 @@ def train(cfg: TrainConfig, *, resume: bool = False, policy_factory: PolicyFacto
     (tests use it to simulate a kill). ``vector_source`` replaces the cached vectors (the
     ``--live-experts`` benchmark path); ``cfg.live_experts`` without one is refused.
     """
+    with torch_threads(cfg.threads):
+        return _train(cfg, resume, policy_factory, fault, vector_source, stop_after, plot)
+
+
+def _train(cfg: TrainConfig, resume: bool, policy_factory: PolicyFactory | None,
+           fault: FaultHook | None, vector_source: VectorSource | None,
+           stop_after: int | None, plot: bool) -> dict[str, Any]:
     if cfg.live_experts and vector_source is None:
         raise UserError("--live-experts is a benchmark-only path; run it through musketeers.bench")
     run = cfg.run_path()

@@ -86,6 +86,13 @@ def test_non_positive_sizes_are_refused(key):
         resolve_config(None, {key: 0})
 
 
+def test_no_context_every_is_off_by_default_and_refuses_negatives():
+    assert resolve_config(None, {}).no_context_every == 0
+    assert resolve_config(None, {"no_context_every": 5}).no_context_every == 5
+    with pytest.raises(UserError, match="'no_context_every' must be >= 0"):
+        resolve_config(None, {"no_context_every": -1})
+
+
 def test_cli_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch):
     from musketeers.cli import main as cli_main
 

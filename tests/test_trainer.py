@@ -69,13 +69,49 @@ def test_metrics_rows_and_artifacts(planted_store, tmp_path):
 def test_resume_equals_uninterrupted(planted_store, tmp_path):
     method = "perceiver"
     full, cut = tmp_path / "full", tmp_path / "cut"
-    train(small(method, planted_store, full, steps=5, save_every=2))
+    # no_context_every: the π(y|x) samples must not disturb the resumed streams either
+    train(small(method, planted_store, full, steps=5, save_every=2, no_context_every=2))
     # "killed" after step 3: the checkpoint is at step 2, step 3 is logged but must be redone
-    partial = train(small(method, planted_store, cut, steps=5, save_every=2), stop_after=3)
+    partial = train(small(method, planted_store, cut, steps=5, save_every=2, no_context_every=2),
+                    stop_after=3)
     assert partial["status"] == "partial"
     assert len(metrics(cut)) == 3 and ckpt.latest_checkpoint(cut).name == "step-000002"
-    train(small(method, planted_store, cut, steps=5, save_every=2), resume=True)
+    train(small(method, planted_store, cut, steps=5, save_every=2, no_context_every=2),
+          resume=True)
     assert metrics(cut) == metrics(full)
+
+
+def test_no_context_reward_is_logged_without_changing_training(planted_store, tmp_path):
+    plain, probed = tmp_path / "plain", tmp_path / "probed"
+    train(small("perceiver", planted_store, plain, steps=4))
+    train(small("perceiver", planted_store, probed, steps=4, no_context_every=2))
+    rows = metrics(probed)
+    assert [r["step"] for r in rows if "reward_no_context" in r] == [1, 3]
+    assert all(0.0 <= r["reward_no_context"] <= 1.0 for r in rows if "reward_no_context" in r)
+    stripped = [{k: v for k, v in r.items() if k != "reward_no_context"} for r in rows]
+    assert stripped == metrics(plain)  # same rewards, losses, grads: no RNG stream consumed
+    assert all("reward_no_context" not in r for r in metrics(plain))
+
+
+def test_no_context_reward_samples_the_policy_without_context(planted_store, tmp_path):
+    """π_θ(y | x): the sampler gets no context positions, whatever the adapter would give."""
+    from musketeers.trainer import no_context_reward
+
+    cfg = small("perceiver", planted_store, tmp_path / "r", no_context_every=1)
+    data, policy, _ = build_components(cfg, "train")
+    seen = []
+    real = policy.generate
+
+    def spy(prompt_ids, context, **kw):
+        seen.append(context)
+        return real(prompt_ids, context, **kw)
+
+    policy.generate = spy
+    state = torch.get_rng_state()
+    value = no_context_reward(cfg, 0, policy, data, torch.arange(4))
+    assert seen == [None] and 0.0 <= value <= 1.0
+    assert torch.equal(state, torch.get_rng_state())
+    assert no_context_reward(cfg, 0, policy, data, torch.arange(4)) == value  # seeded by step
 
 
 def test_fresh_run_refuses_existing_folder(planted_store, tmp_path):
@@ -161,7 +197,7 @@ def test_eval_writes_accuracy_with_and_without_context(planted_store, tmp_path):
 
 
 def test_missing_expert_names_the_precompute_command(planted_store, tmp_path):
-    cfg = small("perceiver", planted_store, tmp_path / "r", team=None,
+    cfg = small("perceiver", planted_store, tmp_path / "r", team_file=None,
                 experts=["tiny-llama"])
     fix = "musketeers precompute --task planted --experts tiny-llama"
     with pytest.raises(UserError, match=fix):

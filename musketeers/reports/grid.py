@@ -192,9 +192,12 @@ def _default_train_fn(cfg: Any) -> Path:
 
 
 def _default_eval_fn(run_dir: Path, limit: int | None, context: bool) -> dict:
+    from musketeers.config import read_run_config
     from musketeers.evaluate import evaluate
+    from musketeers.trainer import torch_threads
 
-    return evaluate(run_dir, limit=limit, no_context=not context)
+    with torch_threads(read_run_config(run_dir).threads):  # the run's own thread setting
+        return evaluate(run_dir, limit=limit, no_context=not context)
 
 
 def _record_failure(run_dir: Path, exc: BaseException, cfg: Any, fields: dict[str, Any]) -> str:
