@@ -71,6 +71,12 @@ class Policy:
             lora_dropout=0.0,  # train and eval forwards must agree (old log-probs, ratio)
             task_type="CAUSAL_LM",
         )
+        # Sampling must come from π itself: drop the checkpoint's sampling defaults (Qwen ships
+        # top_k=20, repetition_penalty=1.05) so nothing unset in generate() inherits them.
+        model.generation_config = GenerationConfig(
+            bos_token_id=model.generation_config.bos_token_id,
+            eos_token_id=model.generation_config.eos_token_id,
+            pad_token_id=model.generation_config.pad_token_id)
         self.model = get_peft_model(model, config)
         self.tokenizer = tokenizer
         self.context_position = context_position
@@ -203,9 +209,9 @@ class Policy:
         inp = self.build_inputs(prompt_ids, context)
         embeds = inp.inputs_embeds.repeat_interleave(group_size, dim=0)
         mask = inp.attention_mask.repeat_interleave(group_size, dim=0)
-        # explicit neutral values: any left None is filled from the checkpoint's generation
-        # config (e.g. Qwen's top_k=20, repetition_penalty=1.05), which would bias sampling
-        sampling = dict(temperature=temperature, top_p=top_p, top_k=0, min_p=0.0, typical_p=1.0)
+        # explicit neutral values; min_p stays None: a 0.0 min-p filter is a no-op that still
+        # costs a pass over the vocabulary at every token
+        sampling = dict(temperature=temperature, top_p=top_p, top_k=0, min_p=None, typical_p=1.0)
         gen_config = GenerationConfig(
             max_new_tokens=max_new_tokens,
             do_sample=not greedy,

@@ -39,7 +39,15 @@ from musketeers.cache.progress import progress
 from musketeers.config import TrainConfig, save_config
 from musketeers.data import SplitData, load_split
 from musketeers.grpo import compute_advantages, grpo_loss, zero_variance_groups
-from musketeers.routing import batch_routing_stats, spearman
+from musketeers.routing import batch_routing_stats
+from musketeers.runlog import (
+    log_tb,
+    mean_or_none,
+    read_metrics,
+    summarize,
+    tensorboard,
+    truncate_metrics,
+)
 
 log = logging.getLogger("musketeers.train")
 
@@ -332,10 +340,6 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
     return row
 
 
-def _mean(xs: list[float]) -> float | None:
-    return float(np.mean(xs)) if xs else None
-
-
 def _metrics(cfg, step, rollouts, names, losses, kls, norms, optimizer, wall) -> dict[str, Any]:
     rewards = torch.cat([r.rewards.flatten() for r in rollouts])
     lengths = [len(c) for r in rollouts for c in r.completions]
@@ -346,9 +350,9 @@ def _metrics(cfg, step, rollouts, names, losses, kls, norms, optimizer, wall) ->
         "reward_std": float(rewards.std(correction=0)),
         # accuracy: the fraction of completions scoring 1.0 (reward_mean is the mean score)
         "accuracy": float((rewards >= 1.0).float().mean()),
-        "kl": _mean(kls),
-        "loss": _mean(losses),
-        "grad_norm": _mean(norms),
+        "kl": mean_or_none(kls),
+        "loss": mean_or_none(losses),
+        "grad_norm": mean_or_none(norms),
         "completion_len": float(np.mean(lengths)),
         "zero_var_frac": float(zero_var.mean()),
         "lr": optimizer.param_groups[0]["lr"],
@@ -362,63 +366,6 @@ def _metrics(cfg, step, rollouts, names, losses, kls, norms, optimizer, wall) ->
 
 # ---------------------------------------------------------------------------------------------
 # The run
-
-
-def _read_metrics(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _truncate_metrics(path: Path, steps_done: int) -> None:
-    """Drop rows after the checkpoint a resume starts from (a killed run may have logged them)."""
-    rows = [r for r in _read_metrics(path) if r["step"] <= steps_done]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.replace(path)
-
-
-def _tensorboard(run: Path):
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:  # tensorboard is optional
-        return None
-    return SummaryWriter(str(run / "tb"))
-
-
-def _log_tb(writer, row: dict[str, Any]) -> None:
-    for key, value in row.items():
-        if isinstance(value, int | float) and key != "step":
-            writer.add_scalar(key, value, row["step"])
-    for name, u in row.get("utilisation", {}).items():
-        writer.add_scalar(f"utilisation/{name}", u, row["step"])
-
-
-def summarize(run: Path, total_steps: int | None = None) -> dict[str, Any]:
-    """summary.json: final figures and Spearman ρ between the reward and entropy series;
-    ``status`` is ``done`` once ``total_steps`` steps are logged, else ``partial``."""
-    rows = _read_metrics(run / "metrics.jsonl")
-    tail = rows[-max(1, len(rows) // 10):]
-    steps = rows[-1]["step"] if rows else 0
-    summary: dict[str, Any] = {
-        "status": "done" if total_steps is not None and steps >= total_steps else "partial",
-        "steps": steps,
-        "reward_first": rows[0]["reward_mean"] if rows else None,
-        "reward_last10pct": _mean([r["reward_mean"] for r in tail]),
-        "accuracy_last10pct": _mean([r["accuracy"] for r in tail]),
-    }
-    if rows and "entropy" in rows[0]:
-        summary["spearman_reward_entropy"] = spearman(
-            [r["reward_mean"] for r in rows], [r["entropy"] for r in rows])
-        summary["entropy_first"] = rows[0]["entropy"]
-        summary["entropy_last10pct"] = _mean([r["entropy"] for r in tail])
-        summary["utilisation_first"] = rows[0]["utilisation"]
-        summary["utilisation_last10pct"] = {
-            k: _mean([r["utilisation"][k] for r in tail]) for k in rows[0]["utilisation"]}
-    if "spearman_reward_entropy" in summary and math.isnan(summary["spearman_reward_entropy"]):
-        summary["spearman_reward_entropy"] = None  # undefined (a constant series): not NaN
-    (run / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
 
 
 @contextlib.contextmanager
@@ -465,11 +412,11 @@ def _train(cfg: TrainConfig, resume: bool, policy_factory: PolicyFactory | None,
             raise UserError(f"no checkpoint in {run}; start it without --resume")
         start = ckpt.load_checkpoint(last, policy.model, adapter, optimizer, scheduler,
                                      generator)["step"]
-        _truncate_metrics(metrics_path, start)
+        truncate_metrics(metrics_path, start)
         log.info("resuming %s from step %d", run, start)
     run.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run / "config.yaml")
-    writer = _tensorboard(run)
+    writer = tensorboard(run)
     end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
     with progress(f"train {run.name}", total=end - start, unit="steps") as bar, \
             open(metrics_path, "a") as out:
@@ -479,7 +426,7 @@ def _train(cfg: TrainConfig, resume: bool, policy_factory: PolicyFactory | None,
             out.write(json.dumps(row) + "\n")
             out.flush()
             if writer is not None:
-                _log_tb(writer, row)
+                log_tb(writer, row)
             log.debug("step %d reward %.3f kl %s", row["step"], row["reward_mean"], row["kl"])
             if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
                 ckpt.save_checkpoint(run, step + 1, policy.model, adapter, optimizer, scheduler,
@@ -491,5 +438,5 @@ def _train(cfg: TrainConfig, resume: bool, policy_factory: PolicyFactory | None,
     if plot and end == cfg.steps:
         from musketeers.plots import plot_run
 
-        plot_run(_read_metrics(metrics_path), run / "routing.png", title=run.name)
+        plot_run(read_metrics(metrics_path), run / "routing.png", title=run.name)
     return summary

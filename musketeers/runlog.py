@@ -1,0 +1,74 @@
+"""A run's log: metrics.jsonl rows, optional TensorBoard mirror, and the end-of-run summary
+(reward and routing trends, Spearman ρ between the reward and entropy series, paper §4.3)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from musketeers.routing import spearman
+
+
+def mean_or_none(xs: list[float]) -> float | None:
+    return float(np.mean(xs)) if xs else None
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def truncate_metrics(path: Path, steps_done: int) -> None:
+    """Drop rows after the checkpoint a resume starts from (a killed run may have logged them)."""
+    rows = [r for r in read_metrics(path) if r["step"] <= steps_done]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.replace(path)
+
+
+def tensorboard(run: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard is optional
+        return None
+    return SummaryWriter(str(run / "tb"))
+
+
+def log_tb(writer, row: dict[str, Any]) -> None:
+    for key, value in row.items():
+        if isinstance(value, int | float) and key != "step":
+            writer.add_scalar(key, value, row["step"])
+    for name, u in row.get("utilisation", {}).items():
+        writer.add_scalar(f"utilisation/{name}", u, row["step"])
+
+
+def summarize(run: Path, total_steps: int | None = None) -> dict[str, Any]:
+    """summary.json: final figures and Spearman ρ between the reward and entropy series;
+    ``status`` is ``done`` once ``total_steps`` steps are logged, else ``partial``."""
+    rows = read_metrics(run / "metrics.jsonl")
+    tail = rows[-max(1, len(rows) // 10):]
+    steps = rows[-1]["step"] if rows else 0
+    summary: dict[str, Any] = {
+        "status": "done" if total_steps is not None and steps >= total_steps else "partial",
+        "steps": steps,
+        "reward_first": rows[0]["reward_mean"] if rows else None,
+        "reward_last10pct": mean_or_none([r["reward_mean"] for r in tail]),
+        "accuracy_last10pct": mean_or_none([r["accuracy"] for r in tail]),
+    }
+    if rows and "entropy" in rows[0]:
+        summary["spearman_reward_entropy"] = spearman(
+            [r["reward_mean"] for r in rows], [r["entropy"] for r in rows])
+        summary["entropy_first"] = rows[0]["entropy"]
+        summary["entropy_last10pct"] = mean_or_none([r["entropy"] for r in tail])
+        summary["utilisation_first"] = rows[0]["utilisation"]
+        summary["utilisation_last10pct"] = {
+            k: mean_or_none([r["utilisation"][k] for r in tail]) for k in rows[0]["utilisation"]}
+    if "spearman_reward_entropy" in summary and math.isnan(summary["spearman_reward_entropy"]):
+        summary["spearman_reward_entropy"] = None  # undefined (a constant series): not NaN
+    (run / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
