@@ -18,9 +18,15 @@ def mean_or_none(xs: list[float]) -> float | None:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """metrics.jsonl rows; a torn last line (a run killed mid-write) is ignored."""
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+    return rows
 
 
 def truncate_metrics(path: Path, steps_done: int) -> None:

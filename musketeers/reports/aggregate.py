@@ -20,6 +20,7 @@ import yaml
 from scipy.stats import spearmanr
 
 from musketeers.reports.grid import IRRELEVANT, is_finished
+from musketeers.runlog import read_metrics
 
 GROUP_FIELDS = ("task", "method", "team", "pooling", "latents")
 
@@ -77,18 +78,6 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text()) if path.is_file() else None
     except ValueError:
         return None
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """metrics.jsonl rows; a torn last line (a run killed mid-write) is ignored."""
-    rows = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                continue
-    return rows
 
 
 def load_run(path: Path) -> Run | None:

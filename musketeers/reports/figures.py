@@ -19,7 +19,13 @@ import numpy as np  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from musketeers.reports.aggregate import Run, experts_of, select, series  # noqa: E402
+from musketeers.reports.aggregate import (  # noqa: E402
+    Run,
+    experts_of,
+    mean_std,
+    select,
+    series,
+)
 from musketeers.reports.tables import DEFAULT_POOLING, TASK_TITLES, TASKS  # noqa: E402
 
 TEAM_TITLES = {"default": "Default Team", "naive": "Naive Team", "llm": "LLM Team",
@@ -27,6 +33,13 @@ TEAM_TITLES = {"default": "Default Team", "naive": "Naive Team", "llm": "LLM Tea
 FIG4_TEAMS = ("default", "naive", "llm", "generalist")
 LATENTS = (2, 4, 8, 16, 32, 64, 128)
 DPI = 130
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
 
 
 def expert_colours(runs: list[Run]) -> dict[str, tuple]:
@@ -115,11 +128,7 @@ def figure4(runs: list[Run], out_dir: Path, latents: int = 8) -> list[Path]:
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         fig.suptitle(f"Figure 4 — {TASK_TITLES[task]}: expert utilisation, routing entropy and "
                      "reward over training\n(line: mean over seeds; band: ± sample std)")
-        fig.tight_layout()
-        path = out_dir / f"figure4_{task}.png"
-        fig.savefig(path, dpi=DPI)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(fig, out_dir / f"figure4_{task}.png"))
     return written
 
 
@@ -148,11 +157,7 @@ def figure5(runs: list[Run], out_dir: Path, latents: int = 8) -> Path | None:
         ax.legend(fontsize=8)
     fig.suptitle("Figure 5 — reward during training with vs. without context tokens C "
                  "(default team; band: ± sample std over seeds)")
-    fig.tight_layout()
-    path = out_dir / "figure5_context.png"
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return _save(fig, out_dir / "figure5_context.png")
 
 
 def _figure5_eval(runs: list[Run], out_dir: Path, latents: int) -> Path | None:
@@ -173,8 +178,9 @@ def _figure5_eval(runs: list[Run], out_dir: Path, latents: int) -> Path | None:
     for offset, idx, label, colour in ((-0.2, 1, "with C: π(y | [x ‖ C])", "tab:blue"),
                                        (0.2, 2, "without C: π(y | x)", "tab:orange")):
         vals = [row[idx] for row in rows]
-        means = [float(np.mean(v)) for v in vals]
-        errs = [float(np.std(v, ddof=1)) if len(v) > 1 else 0.0 for v in vals]
+        stats = [mean_std(v) for v in vals]
+        means = [m for m, _ in stats]
+        errs = [s or 0.0 for _, s in stats]
         bars = ax.bar(x + offset, means, 0.4, yerr=errs, capsize=3, label=label, color=colour)
         ax.bar_label(bars, fmt="%.1f", padding=2, fontsize=8)  # a 0 % bar is otherwise blank
         top = max([top] + [m + e for m, e in zip(means, errs, strict=True)])
@@ -186,11 +192,7 @@ def _figure5_eval(runs: list[Run], out_dir: Path, latents: int) -> Path | None:
                  "end of training)\nbar: mean over seeds; whisker: ± sample std", fontsize=10)
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out_dir / "figure5_context.png"
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return _save(fig, out_dir / "figure5_context.png")
 
 
 def figure6(runs: list[Run], out_dir: Path) -> Path | None:
@@ -205,9 +207,10 @@ def figure6(runs: list[Run], out_dir: Path) -> Path | None:
                                               latents=m)
                    if r.status == "done" and r.accuracy is not None]
             if acc:
+                mean, std = mean_std(acc)
                 xs.append(m)
-                ys.append(float(np.mean(acc)))
-                es.append(float(np.std(acc, ddof=1)) if len(acc) > 1 else 0.0)
+                ys.append(mean)
+                es.append(std or 0.0)
                 ns.append(len(acc))
         if len(xs) < 2:
             continue
@@ -230,11 +233,7 @@ def figure6(runs: list[Run], out_dir: Path) -> Path | None:
                  "(default team; mean ± sample std over seeds)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out_dir / "figure6_latents.png"
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return _save(fig, out_dir / "figure6_latents.png")
 
 
 def all_figures(runs: list[Run], out_dir: Path, latents: int = 8) -> dict[str, list[Path]]:
