@@ -40,19 +40,23 @@ def pool_hidden_states(
     ``random_pos`` counts real tokens from the first one. Returns float32 arrays:
     last/first/random [B, d]; layers_last/layers_mean [B, L+1, d] (index 0 = embeddings).
     Padding positions are excluded with ``where`` (not multiplied) so a NaN in a padded
-    position can never leak into a mean.
+    position can never leak into a mean. Layers are pooled one at a time: stacking all L+1
+    layers in fp32 first costs more memory traffic than the pooling itself.
     """
-    hs = torch.stack(hidden_states, dim=1).float()  # [B, L+1, T, d]
-    b = torch.arange(hs.shape[0])
+    b = torch.arange(attention_mask.shape[0])
     first, last = token_bounds(attention_mask)
-    mask = attention_mask.bool()[:, None, :, None]
-    summed = torch.where(mask, hs, torch.zeros((), dtype=hs.dtype)).sum(dim=2)
-    layers_mean = summed / attention_mask.sum(dim=1).clamp(min=1)[:, None, None].to(hs.dtype)
-    layers_last = hs[b, :, last]
+    rand = first + random_pos.long()
+    mask = attention_mask.bool()[:, :, None]
+    count = attention_mask.sum(dim=1).clamp(min=1)[:, None].float()
+    zero = torch.zeros((), dtype=torch.float32)
+    layers_last = torch.stack([h[b, last].float() for h in hidden_states], dim=1)
+    layers_mean = torch.stack(
+        [torch.where(mask, h.float(), zero).sum(dim=1) / count for h in hidden_states], dim=1)
+    top = hidden_states[-1]
     return {
         "last": layers_last[:, -1].numpy(),
-        "first": hs[b, -1, first].numpy(),
-        "random": hs[b, -1, first + random_pos.long()].numpy(),
+        "first": top[b, first].float().numpy(),
+        "random": top[b, rand].float().numpy(),
         "layers_last": layers_last.numpy(),
         "layers_mean": layers_mean.numpy(),
     }

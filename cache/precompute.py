@@ -24,6 +24,7 @@ import torch
 import zarr
 
 from musketeers.cache import store as st
+from musketeers.cache.backbone import Backbone, forward_pool, length_batches, pad, want_compile
 from musketeers.cache.dist import Dist
 from musketeers.cache.errors import UserError
 from musketeers.cache.experts import (
@@ -33,7 +34,7 @@ from musketeers.cache.experts import (
     tokenizer_fingerprint,
 )
 from musketeers.cache.items import Item, items_fingerprint
-from musketeers.cache.pooling import pool_hidden_states, random_positions
+from musketeers.cache.pooling import random_positions
 from musketeers.cache.progress import progress
 from musketeers.cache.verify import corrupt_chunks
 
@@ -52,6 +53,7 @@ class PrecomputeConfig:
     seed: int = 0
     force: bool = False
     router: bool = True
+    compile: str = "auto"  # torch.compile the backbone: auto (large runs), on, off
 
 
 def cpu_has_bf16() -> bool:
@@ -109,44 +111,6 @@ def context_length(model, max_length: int) -> int:
     return min(max_length, limit) if limit else max_length
 
 
-def length_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
-    """Indices sorted by length (longest first), cut so batch_size × longest ≤ budget."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    batches, cur = [], []
-    for i in order:
-        if cur and (len(cur) + 1) * lengths[cur[0]] > batch_tokens:
-            batches.append(cur)
-            cur = []
-        cur.append(i)
-    return batches + [cur] if cur else batches
-
-
-def pad(seqs: list[list[int]], pad_id: int, side: str) -> tuple[torch.Tensor, torch.Tensor]:
-    t = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), t), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), t), dtype=torch.long)
-    for r, s in enumerate(seqs):
-        sl = slice(t - len(s), t) if side == "left" else slice(0, len(s))
-        ids[r, sl] = torch.tensor(s)
-        mask[r, sl] = 1
-    return ids, mask
-
-
-@torch.inference_mode()
-def forward_pool(model, seqs: list[list[int]], rand: np.ndarray, pad_id: int) -> dict:
-    """One backbone pass over a right-padded batch → every pooling (Eq. 5 and variants).
-
-    Right padding keeps every real token at its unpadded position, so no position ids are
-    needed and causal attention never lets a real token see padding.
-    """
-    device = next(model.parameters()).device
-    ids, mask = pad(seqs, pad_id, "right")
-    out = model.base_model(input_ids=ids.to(device), attention_mask=mask.to(device),
-                           output_hidden_states=True, use_cache=False)
-    hs = tuple(h.cpu() for h in out.hidden_states)
-    return pool_hidden_states(hs, mask, torch.from_numpy(rand))
-
-
 @torch.inference_mode()
 def greedy_hints(model, tokenizer, seqs: list[list[int]], max_new_tokens: int) -> list[str]:
     """The expert's own greedy answer (output-level collaboration baseline), left-padded."""
@@ -169,14 +133,18 @@ def prompt_seqs(tokenizer, items: list[Item], limit: int) -> tuple[list[list[int
 
 
 def compute_rows(model, tokenizer, items: list[Item], rows: np.ndarray,
-                 cfg: PrecomputeConfig) -> tuple[dict, int]:
-    """Every pooled array for ``items`` (global row indices ``rows``), and the token count."""
+                 cfg: PrecomputeConfig, backbone: Backbone | None = None) -> tuple[dict, int]:
+    """Every pooled array for ``items`` (global row indices ``rows``), and the token count.
+
+    ``backbone`` is the model's (possibly compiled) backbone pass; by default the plain one.
+    """
+    backbone = backbone or Backbone(model)
     seqs, truncated = prompt_seqs(tokenizer, items, context_length(model, cfg.max_length))
     n_tok = np.array([len(s) for s in seqs], dtype=np.int32)
     rand = random_positions(rows, n_tok, cfg.seed)
     out: dict = {"n_tokens": n_tok, "truncated": np.array(truncated), "random_pos": rand}
     for batch in length_batches(n_tok.tolist(), cfg.batch_tokens):
-        pooled = forward_pool(model, [seqs[i] for i in batch], rand[batch],
+        pooled = forward_pool(backbone, [seqs[i] for i in batch], rand[batch],
                               tokenizer.pad_token_id)
         for k, v in pooled.items():
             out.setdefault(k, np.zeros((len(items),) + v.shape[1:], np.float32))[batch] = v
@@ -307,6 +275,7 @@ def precompute_expert(root: zarr.Group, splits: dict[str, list[Item]], spec: Exp
                       task: str, cfg: PrecomputeConfig, dist: Dist) -> None:
     dist.on_rank0(lambda: resolve_local(spec))  # converts/builds once, before others load
     model, tokenizer = load_expert(spec, cfg.device, cfg.dtype)
+    backbone = Backbone(model, want_compile(cfg.compile, sum(map(len, splits.values()))))
     n_layers = model.config.get_text_config().num_hidden_layers
     d = model.config.get_text_config().hidden_size
     rebuild = st.rebuild_command(task, spec.name)
@@ -322,7 +291,8 @@ def precompute_expert(root: zarr.Group, splits: dict[str, list[Item]], spec: Exp
         desc = f"{task}/{split} {spec.name}"
         if work:
             def compute(lo, hi, items=items):
-                return compute_rows(model, tokenizer, items[lo:hi], np.arange(lo, hi), cfg)
+                return compute_rows(model, tokenizer, items[lo:hi], np.arange(lo, hi), cfg,
+                                    backbone)
 
             run_chunks(g, len(items), cfg.chunk_rows, dist, desc, compute)
             finish(g, dist)

@@ -40,6 +40,9 @@ def precompute(
         int, typer.Option(help="rows per chunk: the unit of resume and of torchrun sharding")
     ] = 64,
     no_router: Annotated[bool, typer.Option("--no-router", help="skip MiniLM embeddings")] = False,
+    compile: Annotated[
+        str, typer.Option(help="torch.compile the backbone: auto (runs of ≥ 2000 prompts), on, off")
+    ] = "auto",
 ) -> None:
     """Run every expert of a team once over a task's train and val items into the store."""
     from musketeers.features import precompute_features
@@ -49,7 +52,7 @@ def precompute(
         task, team=team, roster=roster, experts=names, team_file=team_file, limit=limit,
         cache_dir=cache_dir, device=device, dtype=dtype, hints=hints, force=force,
         gsm8k_dir=gsm8k_dir, batch_tokens=batch_tokens, chunk_rows=chunk_rows,
-        router=not no_router)
+        router=not no_router, compile=compile)
 
 
 def _store_paths(task: str | None, cache_dir: Path | None) -> list[Path]:

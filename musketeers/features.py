@@ -35,13 +35,14 @@ def precompute_features(
     experts: list[str] | None = None, team_file: Path | None = None, limit: int | None = None,
     cache_dir: Path | str | None = None, device: str = "auto", dtype: str = "auto",
     hints: bool = False, force: bool = False, gsm8k_dir: Path | None = None,
-    batch_tokens: int = 8192, chunk_rows: int = 64, router: bool = True,
+    batch_tokens: int = 8192, chunk_rows: int = 64, router: bool = True, compile: str = "auto",
 ) -> list[Path]:
     """Run every expert of a team once over a task's train and val items into its store.
 
     Experts already complete in the store are skipped; under ``torchrun`` the ranks shard
     the rows (musketeers.cache.dist). Returns the store paths written.
     """
+    from musketeers.cache.backbone import want_compile
     from musketeers.cache.dist import Dist
     from musketeers.cache.precompute import (
         PrecomputeConfig,
@@ -59,12 +60,14 @@ def precompute_features(
         raise UserError(f"--chunk-rows must be positive, got {chunk_rows}")
     if batch_tokens < 1:
         raise UserError(f"--batch-tokens must be positive, got {batch_tokens}")
+    want_compile(compile, 0)  # a bad --compile fails before any work
     tasks = expand_tasks(task)
     root = check_cache_dir(cache_root(cache_dir))
     specs = resolve_team(team, roster, experts, team_file)
     dev = resolve_device(device)
     cfg = PrecomputeConfig(device=dev, dtype=resolve_dtype(dtype, dev), batch_tokens=batch_tokens,
-                           hints=hints, force=force, router=router, chunk_rows=chunk_rows)
+                           hints=hints, force=force, router=router, chunk_rows=chunk_rows,
+                           compile=compile)
     dist = Dist.from_env(dev)
     # Build every split first: a missing GSM8K file fails before any model loads.
     plans = {t: (task_spec(t), {s: build_items(t, s, limit, gsm8k_dir) for s in SPLITS})

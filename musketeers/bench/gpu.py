@@ -41,16 +41,17 @@ def bench_gpu_expert(name: str, lengths: list[int], reps: int, naive_reps: int
                      ) -> dict[str, Any]:
     """Batched backbone (the precompute path, token budget 32k) vs the naive loop, on CUDA."""
     from musketeers.bench.precompute_bench import naive_loop, non_embedding_params
-    from musketeers.cache.precompute import forward_pool, length_batches
+    from musketeers.cache.backbone import Backbone, forward_pool, length_batches
 
     model = random_model(PAPER_SHAPES[name], torch.bfloat16)
     rng = np.random.default_rng(0)
     seqs = [rng.integers(100, 30000, n).tolist() for n in lengths]
     rand = np.zeros(len(seqs), dtype=np.int32)
+    backbone = Backbone(model)
 
     def fast() -> None:
         for batch in length_batches(lengths, 32768):
-            forward_pool(model, [seqs[i] for i in batch], rand[batch], 0)
+            forward_pool(backbone, [seqs[i] for i in batch], rand[batch], 0)
         torch.cuda.synchronize()
 
     def naive() -> None:
