@@ -37,7 +37,8 @@ def test_expert_flop_share_matches_hand_count():
          "completion_len": [8.0, 8.0], "beta": 0.04, "inner_iters": 1, "policy_params": 1000,
          "expert_params": [100, 200], "expert_tokens_per_prompt": [12.0, 15.0],
          "prompts_per_step": 2}
-    policy = (2 + 2 + 4) * 1000 * 4 * (10 + 2 + 8)
+    # every policy pass runs the 2 prefixes once and the 4 completions' own tokens
+    policy = (2 + 2 + 4) * 1000 * (2 * (10 + 2) + 4 * 8)
     experts = 2 * 100 * 12 * 2 + 2 * 200 * 15 * 2
     assert expert_flop_share(r) == pytest.approx(experts / (experts + policy))
 

@@ -137,13 +137,15 @@ def _frozen_params(model) -> int:
 def expert_flop_share(r: dict[str, Any]) -> float:
     """Experts' share of a live step's FLOPs (2·N·tokens per forward, 4·N·tokens fwd+bwd).
 
-    Policy per step: sampling (prefill + new tokens) 2·N_p·T, the reference log-probs
-    (β > 0) 2·N_p·T, μ inner iterations of forward+backward 4·N_p·T each, with
-    T = completions × (prompt + context + completion tokens). Experts: 2·N_i·(their prompt
-    tokens) per prompt. An estimate: attention's T² terms and the adapter are left out.
+    Policy per step, with T = prompts × (prompt + context) + completions × completion (every
+    policy pass runs each group's prefix once: ``Policy``'s shared-prefix prefill and
+    log-probs): sampling 2·N_p·T, the reference log-probs (β > 0) 2·N_p·T and μ inner
+    iterations of forward+backward 4·N_p·T each. Experts: 2·N_i·(their prompt tokens) per
+    prompt. An estimate: attention's T² terms and the adapter are left out.
     """
-    t = r["completions_per_step"] * (r["prompt_len"] + r["context_tokens"] +
-                                     float(np.mean(r["completion_len"])))
+    comp = float(np.mean(r["completion_len"]))
+    prefix = r["prompt_len"] + r["context_tokens"]
+    t = r["prompts_per_step"] * prefix + r["completions_per_step"] * comp
     passes = 2 + (2 if r["beta"] > 0 else 0) + 4 * r["inner_iters"]
     policy = passes * r["policy_params"] * t
     experts = sum(2.0 * n * tok * r["prompts_per_step"]
