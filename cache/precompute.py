@@ -53,7 +53,7 @@ class PrecomputeConfig:
     seed: int = 0
     force: bool = False
     router: bool = True
-    compile: str = "auto"  # torch.compile the backbone: auto (large runs), on, off
+    compile: str = "auto"  # torch.compile the backbone: auto (large CUDA runs), on, off
 
 
 def cpu_has_bf16() -> bool:
@@ -275,7 +275,8 @@ def precompute_expert(root: zarr.Group, splits: dict[str, list[Item]], spec: Exp
                       task: str, cfg: PrecomputeConfig, dist: Dist) -> None:
     dist.on_rank0(lambda: resolve_local(spec))  # converts/builds once, before others load
     model, tokenizer = load_expert(spec, cfg.device, cfg.dtype)
-    backbone = Backbone(model, want_compile(cfg.compile, sum(map(len, splits.values()))))
+    backbone = Backbone(model, want_compile(cfg.compile, sum(map(len, splits.values())),
+                                            cfg.device))
     n_layers = model.config.get_text_config().num_hidden_layers
     d = model.config.get_text_config().hidden_size
     rebuild = st.rebuild_command(task, spec.name)

@@ -41,7 +41,7 @@ def precompute(
     ] = 64,
     no_router: Annotated[bool, typer.Option("--no-router", help="skip MiniLM embeddings")] = False,
     compile: Annotated[
-        str, typer.Option(help="torch.compile the backbone: auto (runs of ≥ 2000 prompts), on, off")
+        str, typer.Option(help="torch.compile the backbone: auto (CUDA, ≥ 2000 prompts), on, off")
     ] = "auto",
 ) -> None:
     """Run every expert of a team once over a task's train and val items into the store."""

@@ -59,10 +59,27 @@ def test_length_batches_splits_an_outlier_from_its_neighbours():
 
 
 def test_want_compile_modes():
-    assert want_compile("on", 1) and not want_compile("off", 10**6)
-    assert not want_compile("auto", 10) and want_compile("auto", 10**6)
+    assert want_compile("on", 1) and not want_compile("off", 10**6, "cuda")
+    assert not want_compile("auto", 10, "cuda") and want_compile("auto", 10**6, "cuda")
+    assert not want_compile("auto", 10**6, "cpu")  # no measured gain on the CPU
     with pytest.raises(UserError, match="auto, on, off"):
         want_compile("yes", 1)
+
+
+def test_compile_failure_falls_back_to_eager():
+    spec = next(s for s in tiny_specs() if s.name == "tiny-llama")
+    model, tok = load_expert(spec, "cpu", torch.float32)
+    items, rows, cfg = make_items(3), np.arange(3), PrecomputeConfig(batch_tokens=96)
+    eager, _ = compute_rows(model, tok, items, rows, cfg)
+    broken = Backbone(model, compiled=True)
+
+    def untraceable(**_):
+        raise RuntimeError("dynamo: cannot trace this")
+
+    broken.fn = untraceable
+    got, _ = compute_rows(model, tok, items, rows, cfg, broken)
+    assert not broken.compiled
+    np.testing.assert_array_equal(got["last"], eager["last"])
 
 
 def test_compiled_backbone_equals_eager():
