@@ -32,7 +32,8 @@ install: $(VENV)/.installed
 demo: install
 	$(MUSK) precompute --team $(TEAM) --task $(TASK) --limit $(LIMIT)
 	$(MUSK) cache info $(TASK)
-	$(MUSK) train --task $(TASK) --team $(TEAM) --budget smoke --policy smollm2 --run-dir runs/demo
+	$(MUSK) train --task $(TASK) --team $(TEAM) --budget smoke --policy smollm2 --run-dir runs/demo \
+		$(if $(wildcard runs/demo/config.yaml),--resume,)
 	$(MUSK) eval runs/demo --limit $(LIMIT)
 
 test: install
