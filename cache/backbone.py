@@ -1,7 +1,8 @@
 """The expert's backbone pass: length-batched, right-padded, optionally compiled.
 
 Everything here is about speed; what is computed is Eq. 5 (``pooling.py``). Tests pin that a
-batched pass equals one prompt at a time (``tests/test_cache_pooling.py``).
+batched pass equals one prompt at a time (``tests/test_cache_pooling.py``), that the batching is
+optimal and that a compiled pass equals the eager one (``tests/test_cache_backbone.py``).
 """
 
 from __future__ import annotations

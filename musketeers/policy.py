@@ -27,6 +27,8 @@ from peft import LoraConfig, get_peft_model
 from torch import Tensor
 from transformers import GenerationConfig
 
+from musketeers.cache.backbone import pad
+
 CONTEXT_POSITIONS = ("after_prompt", "before_prompt")
 
 
@@ -228,11 +230,8 @@ class Policy:
             # Prefill each group's prefix once (all but its last column) and share the KV
             # cache among its G copies: generate then runs only the last column and the new
             # tokens. Same positions (the cumsum rule) and mask as a full prefill.
-            pre = self.model(inputs_embeds=inp.inputs_embeds[:, :-1],
-                             attention_mask=inp.attention_mask[:, :-1],
-                             position_ids=inp.position_ids[:, :-1], use_cache=True,
-                             logits_to_keep=1)
-            pre.past_key_values.batch_repeat_interleave(group_size)
+            pre = self._shared_prefill(inp.inputs_embeds[:, :-1], inp.attention_mask[:, :-1],
+                                       inp.position_ids[:, :-1], group_size)
             cached["past_key_values"] = pre.past_key_values
         # explicit neutral values; min_p stays None: a 0.0 min-p filter is a no-op that still
         # costs a pass over the vocabulary at every token
@@ -337,24 +336,25 @@ class Policy:
             raise ValueError(f"{len(completion_ids)} completions is not a multiple of "
                              f"{len(prompts)} prompts")
         pre = self.build_inputs(prompts, context)
-        out = self.model(inputs_embeds=pre.inputs_embeds, attention_mask=pre.attention_mask,
-                         position_ids=pre.position_ids, logits_to_keep=1, use_cache=True)
-        cache = out.past_key_values
-        cache.batch_repeat_interleave(g)
-        n, t = len(completion_ids), max(len(c) for c in completion_ids)
-        ids = torch.full((n, t), self.pad_id, dtype=torch.long)
-        cmask = torch.zeros((n, t), dtype=torch.long)
-        for i, c in enumerate(completion_ids):
-            ids[i, : len(c)] = torch.tensor(c, dtype=torch.long)
-            cmask[i, : len(c)] = 1
+        out = self._shared_prefill(pre.inputs_embeds, pre.attention_mask, pre.position_ids, g)
+        ids, cmask = pad(completion_ids, self.pad_id, "right")
         ids, cmask = ids.to(self.device), cmask.to(self.device)
+        t = ids.shape[1]
         prefix_mask = pre.attention_mask.repeat_interleave(g, dim=0)
         # positions continue from each prefix's real-token count (the cumsum rule)
         start = prefix_mask.sum(-1, keepdim=True)
         positions = (start + torch.arange(t, device=self.device)).masked_fill(cmask == 0, 0)
         out2 = self.model(inputs_embeds=self.model.get_input_embeddings()(ids),
                           attention_mask=torch.cat([prefix_mask, cmask], dim=1),
-                          position_ids=positions, past_key_values=cache, use_cache=True,
-                          logits_to_keep=t)
+                          position_ids=positions, past_key_values=out.past_key_values,
+                          use_cache=True, logits_to_keep=t)
         first = out.logits[:, -1:].repeat_interleave(g, dim=0)
         return torch.cat([first, out2.logits[:, :-1]], dim=1), ids, cmask
+
+    def _shared_prefill(self, embeds: Tensor, mask: Tensor, positions: Tensor, g: int):
+        """One forward over B prefixes, its KV cache repeated G times (group-major) so that
+        B·G rows continue from it; the output also holds each prefix's last logits."""
+        out = self.model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
+                         use_cache=True, logits_to_keep=1)
+        out.past_key_values.batch_repeat_interleave(g)
+        return out

@@ -2,8 +2,8 @@
 
 Fast path: ``musketeers.cache.precompute.compute_rows``, exactly what ``musketeers precompute``
 runs per chunk (length-sorted, padding-minimising batches, backbone only, every pooling from one
-pass), measured eager and with the ``torch.compile``d backbone that ``--compile auto`` uses for
-runs of ≥ 2000 prompts (its one-off compile time reported beside it).
+pass), measured eager and with the ``torch.compile``d backbone of ``--compile on`` (its one-off
+compile time reported beside it).
 Naive path: one prompt at a time through the full model with logits and
 ``output_hidden_states=True``. Both see the same prompts through the expert's chat template.
 
@@ -138,8 +138,9 @@ def summarize(report, r: dict[str, Any], ceil: dict[str, list[float]], section: 
               targets: dict[str, float]) -> None:
     """Measures and rows of one expert: tok/s, achieved FLOP/s, fraction of the ceilings.
 
-    Targets are checked on the path a full ``musketeers precompute`` takes (compiled, when
-    measured); the eager figures stand beside them.
+    Targets are checked on the compiled path when it was measured (``--compile on``, the
+    closer of the two to the targets on the CPU of BENCHMARKS.md); the eager figures stand
+    beside them.
     """
     name, tokens = r["expert"], r["tokens"]
     report.measure(section, f"{name} batched", "s/pass", r["fast_s"])
