@@ -121,16 +121,21 @@ def _load_base(spec, device: str, dtype: str):
     return copy.deepcopy(model), tokenizer
 
 
+def team_specs(cfg: TrainConfig) -> list:
+    """The run's expert specs: --experts / --team-file replace the named team (which always
+    has a default)."""
+    from musketeers.teams import resolve_team
+
+    team_file = Path(cfg.team_file) if cfg.team_file else None
+    team = None if (cfg.experts or team_file) else cfg.team
+    return resolve_team(team, cfg.roster, cfg.experts, team_file)
+
+
 def expert_names_for(cfg: TrainConfig) -> list[str]:
     """The team's expert names (stores are keyed by them); none for ``single``."""
     if cfg.method == "single":
         return []
-    from musketeers.teams import resolve_team
-
-    team_file = Path(cfg.team_file) if cfg.team_file else None
-    # --experts / --team-file replace the named team (which always has a default)
-    team = None if (cfg.experts or team_file) else cfg.team
-    return [s.name for s in resolve_team(team, cfg.roster, cfg.experts, team_file)]
+    return [s.name for s in team_specs(cfg)]
 
 
 def seed_everything(seed: int) -> None:

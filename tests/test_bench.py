@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
 from musketeers.bench import report as rp
 from musketeers.bench.precompute_bench import non_embedding_params
-from musketeers.bench.train_bench import expert_flop_share, force_full_length
+from musketeers.bench.train_bench import expert_flop_share
 
 
 def _llama(tied: bool):
@@ -41,20 +39,6 @@ def test_expert_flop_share_matches_hand_count():
     policy = (2 + 2 + 4) * 1000 * (2 * (10 + 2) + 4 * 8)
     experts = 2 * 100 * 12 * 2 + 2 * 200 * 15 * 2
     assert expert_flop_share(r) == pytest.approx(experts / (experts + policy))
-
-
-def test_force_full_length_sets_min_new_tokens():
-    seen = {}
-
-    def generate(*args, generation_config=None, **kwargs):
-        seen["min"] = generation_config.min_new_tokens
-        return "out"
-
-    policy = SimpleNamespace(model=SimpleNamespace(generate=generate))
-    force_full_length(policy)
-    cfg = SimpleNamespace(max_new_tokens=64, min_new_tokens=None)
-    assert policy.model.generate(inputs_embeds=None, generation_config=cfg) == "out"
-    assert seen["min"] == 64
 
 
 def test_check_pass_miss_and_direction():

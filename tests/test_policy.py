@@ -11,6 +11,7 @@ from transformers import (
     Qwen2Config,
 )
 
+from musketeers.bench.train_bench import force_full_length
 from musketeers.policy import Policy
 
 SPECIALS = ["<pad>", "<|im_end|>", "<|im_start|>"]
@@ -150,6 +151,22 @@ def test_batched_logprobs_and_grads_equal_one_at_a_time(arch, position):
     assert c.grad.abs().sum() > 0 and all(q.grad.abs().sum() > 0 for q in lora)
 
 
+def test_logprob_passes_use_eager_attention_on_cpu_and_restore_it():
+    """The log-prob passes switch to plain attention on a CPU (its backward is faster than the
+    fused kernel's) and hand the model back with its own implementation for sampling; the test
+    above checks they still equal one sequence at a time through the model's own attention."""
+    pol = make_policy()
+    base = pol.model.get_base_model()
+    assert base.config._attn_implementation == "sdpa"
+    seen = []
+    hook = base.register_forward_pre_hook(
+        lambda _m, _a: seen.append(base.config._attn_implementation))
+    pol.completion_logprobs(pol.encode_prompts(PROMPTS), ctx(pol), COMPS)
+    hook.remove()
+    assert seen and set(seen) == {"eager"}
+    assert base.config._attn_implementation == "sdpa"
+
+
 def test_reference_is_base_model_with_zero_context():
     pol = make_policy()
     base = tiny_model()  # same seed: the weights before LoRA
@@ -205,18 +222,20 @@ def manual_greedy(pol, prompt, c, steps):
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
-def test_greedy_generate_equals_manual_loop_and_one_call(monkeypatch, arch):
-    """One generate call for B·G rows, with each group's prefix prefilled once and its KV
-    cache shared, gives every row exactly what a plain token-by-token loop gives."""
+def test_greedy_generate_equals_manual_loop_and_one_call(arch):
+    """B·G rows decoded together, with each group's prefix prefilled once (B rows) and its KV
+    cache shared, give every row exactly what a plain token-by-token loop gives."""
     pol = make_policy(arch)
     pol.eos_ids = [V + 5]  # unreachable: every row runs the full length
     p = pol.encode_prompts(PROMPTS)
     c = ctx(pol)
-    calls = []
-    orig = pol.model.generate
-    monkeypatch.setattr(pol.model, "generate", lambda **kw: calls.append(kw) or orig(**kw))
+    shapes = []
+    hook = pol.model.get_base_model().register_forward_pre_hook(
+        lambda _m, _a, kw: shapes.append(tuple(kw["inputs_embeds"].shape[:2])), with_kwargs=True)
     out = pol.generate(p, c, group_size=2, max_new_tokens=8, greedy=True)
-    assert len(calls) == 1 and calls[0]["inputs_embeds"].shape[0] == 6
+    hook.remove()
+    prefix = max(len(x) for x in p) + c.shape[1]
+    assert shapes == [(3, prefix)] + [(6, 1)] * 7  # one prefill, then one row-batch per token
     assert len(out) == 6
     for n, row in enumerate(out):
         assert row == manual_greedy(pol, p[n // 2], c[n // 2], 8)  # new tokens only
@@ -229,6 +248,18 @@ def test_greedy_generate_equals_manual_loop_and_one_call(monkeypatch, arch):
     for full, short in zip(out, cut, strict=True):
         k = full.index(stop) + 1 if stop in full else len(full)
         assert short == full[:k]
+
+
+def test_force_full_length_runs_every_row_to_max_new_tokens():
+    """The benchmarks' equal-work switch: a row that would stop at its first token runs on."""
+    pol = make_policy()
+    p = pol.encode_prompts(PROMPTS)
+    first = pol.generate(p, None, group_size=1, max_new_tokens=1, greedy=True)
+    pol.eos_ids = [first[0][0]]
+    assert pol.generate(p, None, group_size=1, max_new_tokens=6, greedy=True)[0] == first[0]
+    force_full_length(pol)
+    out = pol.generate(p, None, group_size=2, max_new_tokens=6, greedy=True)
+    assert [len(r) for r in out] == [6] * 6
 
 
 def test_sampling_reproducible_and_from_pi():

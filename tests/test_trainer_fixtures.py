@@ -79,3 +79,22 @@ def test_two_steps_of_smollm2_on_a_real_cache(tmp_path):
 
     result = evaluate(Path(cfg.run_dir), limit=2)
     assert result["n"] == 2
+
+
+def test_bench_paired_steps_alternate_cached_and_live(tmp_path):
+    """The benchmark's timing child: cached and live steps alternate on one policy, the
+    experts run only in the live ones, and their token count is per live step."""
+    from musketeers.bench.train_bench import run_steps
+
+    overrides = dict(team=None, experts=TINY, policy="tiny", budget="smoke", max_new_tokens=4,
+                     dtype="float32", prompts_per_micro=2, grad_accum=1, group_size=2)
+    r = run_steps({"task": "logic", "cache_dir": str(FIXTURES), "run_dir": str(tmp_path),
+                   "device": "cpu", "reps": 2, "warmup": 1, "paired": True,
+                   "overrides": overrides})
+    assert len(r["step_s"]) == len(r["live_step_s"]) == len(r["live_expert_s"]) == 2
+    assert len(r["warmup_s"]) == 1 and len(r["completion_len"]) == 6
+    assert r["expert_s"] == [0.0, 0.0] and all(s > 0 for s in r["live_expert_s"])
+    assert all(e < s for e, s in zip(r["live_expert_s"], r["live_step_s"], strict=True))
+    # 3 live steps × 2 prompts: tokens per prompt is a prompt's length, not a third of it
+    prompt_len = r["prompt_len"]
+    assert all(0.5 * prompt_len < t < 2 * prompt_len for t in r["expert_tokens_per_prompt"])

@@ -1,6 +1,9 @@
 """Training step, pocket budget, default team: experts read from the cache vs computed live.
 
-Each side runs in its own child process (``worker``) so its peak RSS is its own. The live
+Each side runs in its own child process (``worker``) so its peak RSS is its own. Step times
+come from a third child that alternates cached and live steps (cached, live, cached, …) on
+one policy: this machine's speed drifts by up to 1.5× within an hour, more than the experts'
+share of a step, and adjacent steps see the same machine. The live
 side loads every expert of the team and, for each micro-batch, runs the cache's own row
 computation (``compute_rows``: backbone, Eq. 5 poolings) on the step's prompts, feeding the
 trainer through its ``vector_source`` hook; everything else (policy, adapter, sampling,
@@ -25,18 +28,9 @@ POOLED = {"last": "last", "first_token": "first", "random_token": "random"}
 
 
 def force_full_length(policy) -> None:
-    """Make every completion exactly ``max_new_tokens`` long (equal work across runs).
-
-    Wraps the policy's ``generate`` so its GenerationConfig gets ``min_new_tokens =
-    max_new_tokens``: eos cannot be sampled before then.
-    """
-    inner = policy.model.generate
-
-    def generate(*args, generation_config=None, **kwargs):
-        generation_config.min_new_tokens = generation_config.max_new_tokens
-        return inner(*args, generation_config=generation_config, **kwargs)
-
-    policy.model.generate = generate
+    """Make every completion exactly ``max_new_tokens`` long (equal work across runs): with no
+    eos ids, nothing ends a row early and nothing is cut from it."""
+    policy.eos_ids = []
 
 
 class LiveExperts:
@@ -77,14 +71,25 @@ def train_config(params: dict[str, Any]):
     overrides = {"budget": "pocket", "task": params["task"], "team": params.get("team", "default"),
                  "cache_dir": params["cache_dir"], "run_dir": params["run_dir"],
                  "method": params.get("method", "perceiver"), "device": params["device"],
-                 "steps": params["warmup"] + params["reps"]}
+                 "steps": (params["warmup"] + params["reps"]) * (2 if params.get("paired") else 1)}
     overrides.update(params.get("overrides", {}))
     return resolve_config(overrides=overrides)
 
 
 def run_steps(params: dict[str, Any]) -> dict[str, Any]:
-    """In a child: build the run, then time ``warmup + reps`` calls of ``train_step``."""
-    from musketeers.trainer import DTYPES, build_components, make_optimizer, train_step
+    """In a child: build the run, then time ``warmup + reps`` calls of ``train_step``.
+
+    ``live``: the experts compute each step's vectors. ``paired``: the experts are loaded and
+    steps alternate cached, live, cached, live, …; ``step_s`` is then the cached steps and
+    ``live_step_s`` the live step right after each.
+    """
+    from musketeers.trainer import (
+        DTYPES,
+        build_components,
+        make_optimizer,
+        team_specs,
+        train_step,
+    )
 
     threads = set_threads()
     cfg = train_config(params)
@@ -93,22 +98,25 @@ def run_steps(params: dict[str, Any]) -> dict[str, Any]:
     optimizer, scheduler = make_optimizer(cfg, policy, adapter)
     generator = torch.Generator().manual_seed(cfg.seed)
     source = None
-    if params.get("live"):
-        from musketeers.teams import resolve_team
-
-        team_file = Path(cfg.team_file) if cfg.team_file else None
-        specs = resolve_team(cfg.team, cfg.roster, cfg.experts, team_file)
-        source = LiveExperts(specs, cfg.pooling, cfg.device, DTYPES[cfg.dtype], cfg.seed)
+    paired = bool(params.get("paired"))
+    if params.get("live") or paired:
+        source = LiveExperts(team_specs(cfg), cfg.pooling, cfg.device, DTYPES[cfg.dtype],
+                             cfg.seed)
     times, lens, expert_s = [], [], []
     for step in range(cfg.steps):
-        before = source.seconds if source else 0.0
+        live = source is not None and (not paired or step % 2 == 1)
+        before = source.seconds if live else 0.0
         t0 = time.perf_counter()
         row = train_step(cfg, step, policy, adapter, data, optimizer, scheduler, generator,
-                         vector_source=source)
+                         vector_source=source if live else None)
         times.append(time.perf_counter() - t0)
         lens.append(row["completion_len"])
-        expert_s.append((source.seconds if source else 0.0) - before)
+        expert_s.append(source.seconds - before if live else 0.0)
     w = params["warmup"]
+    paired_rows, live_steps = {}, cfg.steps
+    if paired:  # even steps cached, odd steps live
+        paired_rows = {"live_step_s": times[2 * w + 1::2], "live_expert_s": expert_s[2 * w + 1::2]}
+        times, expert_s, live_steps = times[::2], expert_s[::2], cfg.steps // 2
     prompt_len = float(np.mean([len(p) for p in policy.encode_prompts(data.items)]))
     return {
         "step_s": times[w:], "warmup_s": times[:w], "expert_s": expert_s[w:],
@@ -117,13 +125,13 @@ def run_steps(params: dict[str, Any]) -> dict[str, Any]:
         "context_tokens": cfg.latents if adapter is not None else 0,
         "completions_per_step": cfg.prompts_per_micro * cfg.grad_accum * cfg.group_size,
         "prompts_per_step": cfg.prompts_per_micro * cfg.grad_accum,
-        "expert_tokens_per_prompt": [t / max(1, cfg.steps * cfg.prompts_per_micro *
+        "expert_tokens_per_prompt": [t / max(1, live_steps * cfg.prompts_per_micro *
                                              cfg.grad_accum) for t in source.tokens]
         if source else [],
         "expert_params": [_frozen_params(m) for m, _ in source.experts] if source else [],
         "experts_weights_mib": source.weights_bytes / 2**20 if source else 0.0,
         "inner_iters": cfg.inner_iters, "beta": cfg.beta, "dtype": cfg.dtype,
-        "policy": cfg.policy, "team": cfg.team,
+        "policy": cfg.policy, "team": cfg.team, **paired_rows,
     }
 
 
@@ -159,9 +167,11 @@ def bench_train(cache_dir: Path, run_root: Path, task: str, device: str, reps: i
     from musketeers.bench.machine import run_child
 
     out = {}
-    for side in ("cached", "live"):
+    for side in ("cached", "live", "paired"):
         params = {"task": task, "cache_dir": str(cache_dir), "run_dir": str(run_root / side),
                   "device": device, "reps": reps, "warmup": warmup, "live": side == "live",
-                  "overrides": overrides or {}}
+                  "paired": side == "paired", "overrides": overrides or {}}
+        if side != "paired":  # these two are for peak RSS: one step each is enough
+            params.update(reps=1, warmup=0)
         out[side] = run_child("train", params)
     return out

@@ -143,8 +143,11 @@ def bench_trl(cache_dir: Path, run_root: Path, policy: str, reps: int, warmup: i
     write_items_store(cache_dir, 64)
     base = {"cache_dir": str(cache_dir), "policy": policy, "device": "cpu", "reps": reps,
             "warmup": warmup}
+    # single, TRL, single again: the ratio takes the mean of the two ``single`` medians, so a
+    # machine whose speed drifts steadily during the TRL run biases neither side
     out = {"single": run_child("single", {**base, "run_dir": str(run_root / "single")})}
     why = ensure_trl()
     out["trl"] = {"error": why} if why else run_child("trl", {**base,
                                                                "run_dir": str(run_root / "trl")})
+    out["single_after"] = run_child("single", {**base, "run_dir": str(run_root / "single_after")})
     return out
