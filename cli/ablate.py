@@ -43,6 +43,7 @@ def ablate(
 ) -> None:
     """Precompute what is missing, run every unfinished run of the grid, evaluate, report."""
     from musketeers.reports.grid import load_grid, run_grid
+    from musketeers.reports.ledger import ledger_path
     from musketeers.reports.needs import ensure_cache
     from musketeers.reports.report import write_report
 
@@ -58,8 +59,9 @@ def ablate(
     g = load_grid(grid or budget, seeds=_int_list(seeds, "seeds"), tasks=task_list,
                   overrides=overrides)
     if not report_only:
-        ensure_cache(g, g.precompute, gsm8k_dir=gsm8k_dir)
-        result = run_grid(g, runs_dir)
+        ledger = ledger_path(runs_dir, g.budget)
+        ensure_cache(g, g.precompute, gsm8k_dir=gsm8k_dir, ledger=ledger)
+        result = run_grid(g, runs_dir, ledger=ledger)
         typer.echo(f"{len(result.trained)} trained, {len(result.evaluated)} evaluated, "
                    f"{len(result.skipped)} already done, {len(result.failed)} failed")
     path = write_report(g, runs_dir, reports_dir)

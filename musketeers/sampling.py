@@ -92,7 +92,7 @@ def decode(
     embed = model.get_input_embeddings()
     mask = torch.cat([attention_mask, attention_mask.new_ones(n, max_new_tokens)], dim=1)
     position = attention_mask.sum(-1, keepdim=True)
-    eos = torch.tensor(eos_ids, device=dev)
+    eos = torch.tensor(eos_ids, dtype=torch.long, device=dev)
     done = torch.zeros(n, dtype=torch.bool, device=dev)
     past_key_values = preallocate(past_key_values, p + max_new_tokens)
     tokens = []

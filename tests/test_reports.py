@@ -208,3 +208,39 @@ def test_grid_needs_union_of_experts_hints_and_router(tmp_path: Path):
     assert need.task == "arithmetic" and list(need.experts) == ["e1", "e2"]
     assert not need.hint_experts and not need.router
     assert missing(need) == (["e1", "e2"], [], False)
+
+
+def test_ledger_sums_every_phase_across_resumed_invocations(tmp_path: Path):
+    from musketeers.reports.ledger import ledger_path, timed, totals
+
+    grid = load_grid(small_grid(tmp_path))
+    runs_dir = tmp_path / "runs"
+    ledger = ledger_path(runs_dir, grid.budget)
+
+    def train(fields):
+        if "logic-single-s1" in fields["run_dir"]:
+            raise RuntimeError("boom")
+        return fake_train(fields, steps=3)
+
+    run_grid(grid, runs_dir, train, fake_evaluate, IDENTITY, ledger=ledger)
+    rows = [json.loads(x) for x in ledger.read_text().splitlines()]
+    trains = [r for r in rows if r["phase"] == "train"]
+    assert len(trains) == 6 and sum(not r["ok"] for r in trains) == 1  # a failed call counts
+    evals = [r for r in rows if r["phase"] == "eval"]
+    assert len(evals) == 3 + 2 * 2  # 3 single runs; 2 perceiver runs, with and without C
+    # the resumed grid records only what it runs again
+    run_grid(grid, runs_dir, fake_train, fake_evaluate, IDENTITY, ledger=ledger)
+    again = [json.loads(x) for x in ledger.read_text().splitlines()][len(rows):]
+    assert [r["name"] for r in again] == ["t-logic-single-s1", "t-logic-single-s1/eval.json"]
+    with pytest.raises(KeyboardInterrupt), timed(ledger, "precompute", "logic: a"):
+        raise KeyboardInterrupt
+    with ledger.open("a") as f:
+        f.write('{"phase": "train", "sec')  # a torn last line: the process killed mid-write
+    t = totals(ledger)
+    every = [json.loads(x) for x in ledger.read_text().splitlines()[:-1]]
+    for phase in ("precompute", "train", "eval"):
+        assert t[phase] == pytest.approx(sum(r["seconds"] for r in every if r["phase"] == phase))
+    assert t["total"] == pytest.approx(sum(r["seconds"] for r in every))
+    assert every[-1] == {**every[-1], "phase": "precompute", "ok": False}
+    text = write_report(grid, runs_dir, tmp_path / "reports").read_text()
+    assert f"Measured wall time of this grid's commands: {t['total']:.0f} s" in text

@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from musketeers.cache.errors import UserError
+from musketeers.reports.ledger import timed
 
 log = logging.getLogger(__name__)
 
@@ -234,12 +235,14 @@ def run_grid(
     train_fn: Callable[[Any], Path] | None = None,
     eval_fn: Callable[[Path, int | None, bool], dict] | None = None,
     config_fn: Callable[[dict[str, Any]], Any] | None = None,
+    ledger: Path | None = None,
 ) -> GridResult:
     """Train and evaluate every run of ``grid`` that has no finished result under ``runs_dir``.
 
     A run that raises is recorded (error.txt) and the grid goes on; a failed run is retried the
     next time the grid runs. The three callables default to the trainer, the evaluator and
-    the TrainConfig loader; tests inject fakes.
+    the TrainConfig loader; tests inject fakes. Each training and evaluation call's wall time
+    goes to ``ledger`` (``musketeers.reports.ledger``).
     """
     train_fn = train_fn or _default_train_fn
     eval_fn = eval_fn or _default_eval_fn
@@ -262,12 +265,15 @@ def run_grid(
         try:
             if status != "trained":
                 cfg = config_fn(fields)
-                run_dir = Path(train_fn(cfg))
+                with timed(ledger, "train", run.name):
+                    run_dir = Path(train_fn(cfg))
                 result.trained.append(run.name)
             for context in (True, False) if run.eval_no_context else (True,):
                 out = "eval.json" if context else "eval_no_context.json"
                 if not (run_dir / out).is_file():
-                    _write_eval(run_dir, out, eval_fn(run_dir, grid.eval_limit, context))
+                    with timed(ledger, "eval", f"{run.name}/{out}"):
+                        result_ = eval_fn(run_dir, grid.eval_limit, context)
+                    _write_eval(run_dir, out, result_)
             result.evaluated.append(run.name)
         except (KeyboardInterrupt, SystemExit):
             raise

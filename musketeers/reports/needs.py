@@ -10,6 +10,7 @@ from typing import Any
 
 from musketeers.cache.errors import UserError
 from musketeers.reports.grid import Grid
+from musketeers.reports.ledger import timed
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "val")
@@ -82,11 +83,12 @@ def missing(need: TaskNeed) -> tuple[list[str], list[str], bool]:
 
 def ensure_cache(grid: Grid, settings: dict[str, Any] | None,
                  team_experts: Callable[[str | None, str], list[str]] | None = None,
-                 gsm8k_dir: Path | None = None) -> list[str]:
+                 gsm8k_dir: Path | None = None, ledger: Path | None = None) -> list[str]:
     """Precompute what the grid's runs need and the cache lacks; returns what was computed.
 
     ``settings`` is the grid's ``precompute`` mapping (``limit`` items per split, ``dtype``,
     ``device``), or None when the grid must find its stores ready (the smoke grid's fixtures).
+    Each precompute call's wall time goes to ``ledger`` (``musketeers.reports.ledger``).
     """
     done = []
     for need in grid_needs(grid, team_experts):
@@ -111,11 +113,14 @@ def ensure_cache(grid: Grid, settings: dict[str, Any] | None,
         for names, hints in batches:
             if not names and todo:
                 continue
-            precompute_features(
-                need.task, roster=need.roster, experts=names or None,
-                team=None if names else "default", cache_dir=Path(need.cache_dir),
-                limit=settings.get("limit"), hints=hints, device=settings.get("device", "auto"),
-                dtype=settings.get("dtype", "auto"), gsm8k_dir=gsm8k_dir, router=router)
+            what = f"{need.task}: {', '.join(names) or 'router'}{' + hints' if hints else ''}"
+            with timed(ledger, "precompute", what):
+                precompute_features(
+                    need.task, roster=need.roster, experts=names or None,
+                    team=None if names else "default", cache_dir=Path(need.cache_dir),
+                    limit=settings.get("limit"), hints=hints,
+                    device=settings.get("device", "auto"), dtype=settings.get("dtype", "auto"),
+                    gsm8k_dir=gsm8k_dir, router=router)
             router = False
         done.append(need.task)
     return done

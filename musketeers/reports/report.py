@@ -12,6 +12,7 @@ import numpy as np
 from musketeers.reports.aggregate import Cell, Run, load_runs, mean_spearman, select, series
 from musketeers.reports.figures import LATENTS, all_figures
 from musketeers.reports.grid import Grid
+from musketeers.reports.ledger import PHASES, ledger_path, totals
 from musketeers.reports.tables import (
     DEFAULT_LATENTS,
     TASK_TITLES,
@@ -134,7 +135,18 @@ def cell_comparisons(runs: list[Run], latents: int) -> list[str]:
     return lines or ["- No cell has both our result and the paper's yet."]
 
 
-def _what_was_run(grid: Grid, runs: list[Run]) -> list[str]:
+def _measured_wall_time(runs_dir: Path, budget: str) -> list[str]:
+    path = ledger_path(runs_dir, budget)
+    t = totals(path)
+    if not t:
+        return []
+    parts = ", ".join(f"{p} {t[p] / 3600:.2f} h" for p in PHASES)
+    return [f"- Measured wall time of this grid's commands: {t['total']:.0f} s "
+            f"({t['total'] / 3600:.2f} h: {parts}), summed over every call in `{path.name}`, "
+            "across interrupted and resumed invocations"]
+
+
+def _what_was_run(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]:
     cfgs = [r.config for r in runs]
     def values(key: str) -> str:
         vals = sorted({str(c.get(key)) for c in cfgs if c.get(key) is not None})
@@ -158,6 +170,7 @@ def _what_was_run(grid: Grid, runs: list[Run]) -> list[str]:
         f"- Seeds: {values('seed')}; training steps per run: "
         f"{', '.join(map(str, steps)) or '—'}",
         f"- Total training wall time (sum over runs): {wall:.0f} s ({wall / 3600:.2f} h)",
+        *_measured_wall_time(runs_dir, grid.budget),
         f"- Report written on: {machine()}",
     ]
     if grid.estimate:
@@ -192,7 +205,8 @@ def write_report(grid: Grid, runs_dir: Path, reports_dir: Path) -> Path:
     (out / "table2.md").write_text(t2)
     figs = all_figures(runs, out, latents)
     md = [f"# Ablations — budget `{grid.budget}`", "", "## What was run", "",
-          *_what_was_run(grid, runs), "", "Accuracy is greedy validation accuracy in %; "
+          *_what_was_run(grid, runs, Path(runs_dir)), "",
+          "Accuracy is greedy validation accuracy in %; "
           "± is the sample standard deviation (ddof = 1) over seeds.", "",
           "## Table 1", "", t1, "## Table 2", "", t2, "## Figures", ""]
     captions = {"figure4": "Figure 4 — utilisation, routing entropy and reward over training",
