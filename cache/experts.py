@@ -229,7 +229,11 @@ def resolve_local(spec: ExpertSpec) -> str:
     tmp = out.parent / (out.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    (_build_random if spec.kind == "random" else _convert_gguf)(spec, tmp)
+    try:
+        (_build_random if spec.kind == "random" else _convert_gguf)(spec, tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed conversion leaves nothing behind
+        raise
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)  # a killed conversion never leaves a half folder that looks done
     return str(out)

@@ -97,13 +97,16 @@ def test_fingerprint_mismatch_refused_and_store_untouched(built):
     assert tree_hash(cache_dir) == before
 
 
-def test_missing_models_fail_fast(tmp_path):
+def test_missing_models_fail_fast(tmp_path, monkeypatch):
+    models = tmp_path / "models"
+    monkeypatch.setenv("MUSKETEERS_MODELS_DIR", str(models))
     with pytest.raises(UserError, match="does not exist"):
         load_expert(ExpertSpec("x", "dir", str(tmp_path / "nope")))
     with pytest.raises(UserError, match="offline"):
         load_expert(ExpertSpec("x", "hub", "nobody/no-such-model-anywhere"))
     with pytest.raises(UserError, match="not installed"):
         load_expert(ExpertSpec("x", "gguf", "no_such_model_package", file="m.gguf"))
+    assert not any(models.iterdir())  # the failed conversion left no temporary folder
 
 
 def test_bad_sha256_refused(tmp_path, monkeypatch):
