@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from functools import partial
 from pathlib import Path
 
@@ -233,6 +234,7 @@ def test_ledger_sums_every_phase_across_resumed_invocations(tmp_path: Path):
     again = [json.loads(x) for x in ledger.read_text().splitlines()][len(rows):]
     assert [r["name"] for r in again] == ["t-logic-single-s1", "t-logic-single-s1/eval.json"]
     with pytest.raises(KeyboardInterrupt), timed(ledger, "precompute", "logic: a"):
+        time.sleep(0.02)
         raise KeyboardInterrupt
     with ledger.open("a") as f:
         f.write('{"phase": "train", "sec')  # a torn last line: the process killed mid-write
@@ -241,6 +243,8 @@ def test_ledger_sums_every_phase_across_resumed_invocations(tmp_path: Path):
     for phase in ("precompute", "train", "eval"):
         assert t[phase] == pytest.approx(sum(r["seconds"] for r in every if r["phase"] == phase))
     assert t["total"] == pytest.approx(sum(r["seconds"] for r in every))
+    assert t["finished"] == pytest.approx(sum(r["seconds"] for r in every if r["ok"]))
+    assert t["finished"] < t["total"]
     assert every[-1] == {**every[-1], "phase": "precompute", "ok": False}
     text = write_report(grid, runs_dir, tmp_path / "reports").read_text()
     assert f"Measured wall time of this grid's commands: {t['total']:.0f} s" in text

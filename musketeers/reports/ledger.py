@@ -43,16 +43,21 @@ def timed(path: Path | None, phase: str, name: str) -> Iterator[None]:
 
 
 def totals(path: Path) -> dict[str, float]:
-    """Seconds per phase (and ``total``) over every line of the ledger; {} without one.
-    A torn last line (the process killed mid-write) is skipped."""
+    """Seconds per phase and ``total`` over every line of the ledger, and ``finished``: the
+    total of the calls that completed, i.e. what one uninterrupted invocation would have
+    taken (less any part of an interrupted precompute its resumption did not redo). {} without
+    a ledger; a torn last line (the process killed mid-write) is skipped."""
     if not path.is_file():
         return {}
     out = dict.fromkeys(PHASES, 0.0)
+    finished = 0.0
     for line in path.read_text().splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue
         out[row["phase"]] = out.get(row["phase"], 0.0) + float(row["seconds"])
+        finished += float(row["seconds"]) if row.get("ok") else 0.0
     out["total"] = sum(out.values())
+    out["finished"] = finished
     return out

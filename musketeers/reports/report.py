@@ -143,7 +143,8 @@ def _measured_wall_time(runs_dir: Path, budget: str) -> list[str]:
     parts = ", ".join(f"{p} {t[p] / 3600:.2f} h" for p in PHASES)
     return [f"- Measured wall time of this grid's commands: {t['total']:.0f} s "
             f"({t['total'] / 3600:.2f} h: {parts}), summed over every call in `{path.name}`, "
-            "across interrupted and resumed invocations"]
+            f"across interrupted and resumed invocations; {t['finished'] / 3600:.2f} h of it "
+            "in calls that finished (the rest was spent in calls that failed or were stopped)"]
 
 
 def _what_was_run(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]:
