@@ -211,6 +211,23 @@ def test_grid_needs_union_of_experts_hints_and_router(tmp_path: Path):
     assert missing(need) == (["e1", "e2"], [], False)
 
 
+def test_grid_refuses_a_store_with_fewer_items_than_it_precomputes(tmp_path: Path):
+    from musketeers.reports.needs import ensure_cache
+
+    fixtures = Path(__file__).resolve().parent / "fixtures"
+    n = min(int(json.loads((fixtures / "arithmetic.zarr" / split / "items" / "zarr.json")
+                           .read_text())["attributes"]["n"]) for split in ("train", "val"))
+    grid = load_grid(small_grid(tmp_path), overrides={"cache_dir": str(fixtures)})
+    teams = {"default": ["tiny-llama"]}
+    before = sorted(p.stat().st_mtime_ns for p in (fixtures / "arithmetic.zarr").rglob("*"))
+    with pytest.raises(UserError, match=f"holds {n} (train|val) items .*--cache-dir"):
+        ensure_cache(grid, {"limit": n + 1}, lambda team, roster: teams[team])
+    # at the store's own size it passes the check (and finds the expert already there)
+    assert ensure_cache(grid, {"limit": n}, lambda team, roster: teams[team]) == []
+    after = sorted(p.stat().st_mtime_ns for p in (fixtures / "arithmetic.zarr").rglob("*"))
+    assert before == after
+
+
 def test_ledger_sums_every_phase_across_resumed_invocations(tmp_path: Path):
     from musketeers.reports.ledger import ledger_path, timed, totals
 

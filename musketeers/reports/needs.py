@@ -55,6 +55,29 @@ def grid_needs(grid: Grid, team_experts: Callable[[str | None, str], list[str]] 
     return list(needs.values())
 
 
+def check_items(need: TaskNeed, limit: int | None) -> None:
+    """Refuse a store holding fewer items per split than the grid precomputes (``limit``).
+
+    Otherwise a store left by a smaller job (``make demo``: 16 items) would pass as ready and
+    every run of the grid would quietly train and evaluate on it.
+    """
+    from musketeers.cache.reader import open_store
+
+    if limit is None:
+        return
+    try:
+        root = open_store(need.cache_dir, need.task)
+    except UserError:
+        return  # no store yet: precompute builds it with the grid's limit
+    for split in SPLITS:
+        n = int(root[f"{split}/items"].attrs.get("n", 0)) if f"{split}/items" in root else 0
+        if n < limit:
+            raise UserError(
+                f"{need.cache_dir}/{need.task}.zarr holds {n} {split} items and the grid "
+                f"precomputes {limit} per split; point the grid at another store folder "
+                f"(--cache-dir DIR) or move that store away")
+
+
 def missing(need: TaskNeed) -> tuple[list[str], list[str], bool]:
     """(experts absent/incomplete, experts lacking hints, router missing) in the store."""
     from musketeers.cache.reader import open_store
@@ -92,6 +115,7 @@ def ensure_cache(grid: Grid, settings: dict[str, Any] | None,
     """
     done = []
     for need in grid_needs(grid, team_experts):
+        check_items(need, (settings or {}).get("limit"))
         absent, no_hints, router = missing(need)
         hinted = [e for e in dict.fromkeys(absent + no_hints) if e in need.hint_experts]
         plain = [e for e in absent if e not in need.hint_experts]
