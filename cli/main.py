@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import signal
 import sys
 
 import typer
@@ -35,7 +36,21 @@ def _register_commands() -> None:
 _register_commands()
 
 
+def _exit_on_sigterm() -> None:
+    """Turn SIGTERM (``kill``, a scheduler's time limit, a closing session) into SystemExit.
+
+    Python's default SIGTERM ends the process at once, skipping every ``finally``: a grid's
+    ledger would then never record the interrupted call's time. As an exception it unwinds
+    like Ctrl-C (after the running torch op returns), and the exit status stays 128 + 15.
+    """
+    def handler(signum: int, _frame) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def main() -> None:
+    _exit_on_sigterm()
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S"
     )

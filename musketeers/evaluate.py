@@ -14,10 +14,11 @@ from typing import Any
 import torch
 
 from musketeers import checkpoint as ckpt
+from musketeers.build import PolicyFactory, build_components
 from musketeers.cache.errors import UserError
 from musketeers.cache.progress import progress
 from musketeers.config import read_run_config
-from musketeers.trainer import PolicyFactory, _context, build_components, policy_score
+from musketeers.trainer import _context, policy_score
 
 
 def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = False,

@@ -16,28 +16,23 @@ No expert model is loaded: the pooled vectors of the whole split are read from t
 from __future__ import annotations
 
 import contextlib
-import copy
-import importlib
 import json
 import logging
-import math
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from musketeers import checkpoint as ckpt
-from musketeers.adapter import build_adapter
+from musketeers.build import PolicyFactory, build_components, make_optimizer
 from musketeers.cache.errors import UserError
 from musketeers.cache.items import Item
 from musketeers.cache.progress import progress
 from musketeers.config import TrainConfig, save_config
-from musketeers.data import SplitData, load_split
+from musketeers.data import SplitData
 from musketeers.grpo import compute_advantages, grpo_loss, zero_variance_groups
 from musketeers.routing import batch_routing_stats
 from musketeers.runlog import (
@@ -51,8 +46,6 @@ from musketeers.runlog import (
 
 log = logging.getLogger("musketeers.train")
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-PolicyFactory = Callable[[TrainConfig], Any]
 # (step, tensor name, tensor) -> tensor: lets tests inject faults (NaN) at named points.
 FaultHook = Callable[[int, str, torch.Tensor], torch.Tensor]
 # (items, rows) -> pooled vectors: the benchmark's --live-experts path computes them live.
@@ -79,103 +72,6 @@ class Rollout:
     ref_logp: torch.Tensor | None
     attention: torch.Tensor | None  # [B, m, n]
     adapter_rng: torch.Tensor | None = None  # CPU RNG state before the rollout's adapter call
-
-
-def build_policy(cfg: TrainConfig):
-    """The LoRA policy named by ``cfg.policy``, loaded offline: a registry name, a local folder
-    or a hub id (musketeers.teams.policy_spec), or a ``package.module:function`` factory."""
-    if ":" in cfg.policy and not Path(cfg.policy).exists():
-        return _policy_plugin(cfg.policy)(cfg)
-    from musketeers.policy import Policy
-    from musketeers.teams import policy_spec
-
-    model, tokenizer = _load_base(policy_spec(cfg.policy), cfg.device, cfg.dtype)
-    return Policy(model, tokenizer, lora_r=cfg.lora_r, context_position=cfg.context_position)
-
-
-def _policy_plugin(ref: str) -> PolicyFactory:
-    module, _, attr = ref.partition(":")
-    try:
-        return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise UserError(f"policy {ref!r}: cannot import {attr!r} from {module!r} ({exc}); "
-                        "pass --policy a registry name, folder, hub id or module:function"
-                        ) from None
-
-
-# The frozen base weights of the last policy loaded: an ablation grid trains dozens of runs of
-# one policy in one process, and LoRA wraps (mutates) the model, so each run gets a deep copy.
-_BASE: dict[tuple, tuple[Any, Any]] = {}
-
-
-def _load_base(spec, device: str, dtype: str):
-    from musketeers.cache.experts import load_expert
-
-    key = (spec, device, dtype)
-    if key not in _BASE:
-        state = torch.get_rng_state()  # loading must not shift the seeded LoRA/adapter init
-        _BASE.clear()  # one policy at a time: a grid uses one, and weights can be large
-        _BASE[key] = load_expert(spec, device, DTYPES[dtype])
-        torch.set_rng_state(state)
-    model, tokenizer = _BASE[key]
-    return copy.deepcopy(model), tokenizer
-
-
-def team_specs(cfg: TrainConfig) -> list:
-    """The run's expert specs: --experts / --team-file replace the named team (which always
-    has a default)."""
-    from musketeers.teams import resolve_team
-
-    team_file = Path(cfg.team_file) if cfg.team_file else None
-    team = None if (cfg.experts or team_file) else cfg.team
-    return resolve_team(team, cfg.roster, cfg.experts, team_file)
-
-
-def expert_names_for(cfg: TrainConfig) -> list[str]:
-    """The team's expert names (stores are keyed by them); none for ``single``."""
-    if cfg.method == "single":
-        return []
-    return [s.name for s in team_specs(cfg)]
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def build_components(cfg: TrainConfig, split: str, *, limit: int | None = None,
-                     policy_factory: PolicyFactory | None = None):
-    """(data, policy, adapter) of a run, deterministic in ``cfg.seed``."""
-    data = load_split(cfg, split, expert_names_for(cfg), limit=limit)
-    seed_everything(cfg.seed)
-    policy = (policy_factory or build_policy)(cfg)
-    router_dim = int(data.router.shape[1]) if data.router is not None else 384
-    adapter = build_adapter(cfg.method, data.expert_dims, policy.embed_dim, latents=cfg.latents,
-                            d_model=cfg.d_model, heads=cfg.heads, router_dim=router_dim)
-    if adapter is not None:
-        adapter.to(cfg.device)
-    return data, policy, adapter
-
-
-def make_optimizer(cfg: TrainConfig, policy, adapter):
-    """AdamW with separate learning rates for LoRA (θ) and the adapter (φ); a LambdaLR."""
-    groups = [{"params": [p for p in policy.model.parameters() if p.requires_grad],
-               "lr": cfg.lr}]
-    if adapter is not None:
-        groups.append({"params": list(adapter.parameters()), "lr": cfg.adapter_lr})
-    optimizer = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
-
-    def factor(step: int) -> float:
-        warm = min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0
-        frac = min(step / max(cfg.steps, 1), 1.0)
-        if cfg.scheduler == "linear":
-            return warm * (1.0 - frac)
-        if cfg.scheduler == "cosine":
-            return warm * 0.5 * (1.0 + math.cos(math.pi * frac))
-        return warm
-
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 def _check_finite(step: int, name: str, t: torch.Tensor) -> None:

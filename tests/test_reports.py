@@ -265,3 +265,29 @@ def test_ledger_sums_every_phase_across_resumed_invocations(tmp_path: Path):
     assert every[-1] == {**every[-1], "phase": "precompute", "ok": False}
     text = write_report(grid, runs_dir, tmp_path / "reports").read_text()
     assert f"Measured wall time of this grid's commands: {t['total']:.0f} s" in text
+
+
+def test_sigterm_still_records_the_interrupted_call(tmp_path: Path):
+    """``kill`` (SIGTERM) of a musketeers command unwinds like Ctrl-C: the ledger gets the
+    interrupted call, and the exit status is 128 + 15. Python's default would skip it."""
+    import signal
+    import subprocess
+    import sys
+
+    ledger = tmp_path / "ledger.jsonl"
+    code = ("import time\n"
+            "from pathlib import Path\n"
+            "from musketeers.cli.main import _exit_on_sigterm\n"
+            "from musketeers.reports.ledger import timed\n"
+            "_exit_on_sigterm()\n"
+            f"with timed(Path({str(ledger)!r}), 'train', 'r'):\n"
+            "    print('ready', flush=True)\n"
+            "    time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    [row] = [json.loads(x) for x in ledger.read_text().splitlines()]
+    assert row["phase"] == "train" and row["name"] == "r" and row["ok"] is False
+    assert 0.2 <= row["seconds"] < 30

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from musketeers import checkpoint as ckpt
+from musketeers.build import build_components
 from musketeers.cache.errors import UserError
 from musketeers.planted import planted_config, write_planted_store
-from musketeers.trainer import NonFiniteError, build_components, train
+from musketeers.trainer import NonFiniteError, train
 
 TIMING = {"time_s"}
 

@@ -58,7 +58,7 @@ def test_output_collab_puts_hints_in_the_prompt():
 
     cfg = resolve_config(None, dict(task="logic", team=None, experts=TINY, method="output_collab",
                                     budget="smoke", cache_dir=str(FIXTURES)))
-    from musketeers.trainer import expert_names_for
+    from musketeers.build import expert_names_for
 
     data = load_split(cfg, "train", expert_names_for(cfg), limit=3)
     assert data.vectors == [] and data.router is None

@@ -83,13 +83,8 @@ def run_steps(params: dict[str, Any]) -> dict[str, Any]:
     steps alternate cached, live, cached, live, …; ``step_s`` is then the cached steps and
     ``live_step_s`` the live step right after each.
     """
-    from musketeers.trainer import (
-        DTYPES,
-        build_components,
-        make_optimizer,
-        team_specs,
-        train_step,
-    )
+    from musketeers.build import DTYPES, build_components, make_optimizer, team_specs
+    from musketeers.trainer import train_step
 
     threads = set_threads()
     cfg = train_config(params)

@@ -55,19 +55,27 @@ def grid_needs(grid: Grid, team_experts: Callable[[str | None, str], list[str]] 
     return list(needs.values())
 
 
-def check_items(need: TaskNeed, limit: int | None) -> None:
+def _open(need: TaskNeed) -> Any:
+    """The task's store, or None when it does not exist yet."""
+    from musketeers.cache.reader import open_store
+
+    try:
+        return open_store(need.cache_dir, need.task)
+    except UserError:
+        return None
+
+
+def check_items(need: TaskNeed, limit: int | None, root: Any = None) -> None:
     """Refuse a store holding fewer items per split than the grid precomputes (``limit``).
 
     Otherwise a store left by a smaller job (``make demo``: 16 items) would pass as ready and
-    every run of the grid would quietly train and evaluate on it.
+    every run of the grid would quietly train and evaluate on it. ``root``: the store, if the
+    caller has opened it.
     """
-    from musketeers.cache.reader import open_store
-
     if limit is None:
         return
-    try:
-        root = open_store(need.cache_dir, need.task)
-    except UserError:
+    root = root if root is not None else _open(need)
+    if root is None:
         return  # no store yet: precompute builds it with the grid's limit
     for split in SPLITS:
         n = int(root[f"{split}/items"].attrs.get("n", 0)) if f"{split}/items" in root else 0
@@ -78,14 +86,13 @@ def check_items(need: TaskNeed, limit: int | None) -> None:
                 f"(--cache-dir DIR) or move that store away")
 
 
-def missing(need: TaskNeed) -> tuple[list[str], list[str], bool]:
-    """(experts absent/incomplete, experts lacking hints, router missing) in the store."""
-    from musketeers.cache.reader import open_store
+def missing(need: TaskNeed, root: Any = None) -> tuple[list[str], list[str], bool]:
+    """(experts absent/incomplete, experts lacking hints, router missing) in the store
+    (``root``, if the caller has opened it)."""
     from musketeers.cache.store import ROUTER_ENCODER, hints_complete
 
-    try:
-        root = open_store(need.cache_dir, need.task)
-    except UserError:
+    root = root if root is not None else _open(need)
+    if root is None:
         return list(need.experts), [], need.router
     absent, no_hints, router = [], [], False
     for name in need.experts:
@@ -115,8 +122,9 @@ def ensure_cache(grid: Grid, settings: dict[str, Any] | None,
     """
     done = []
     for need in grid_needs(grid, team_experts):
-        check_items(need, (settings or {}).get("limit"))
-        absent, no_hints, router = missing(need)
+        root = _open(need)
+        check_items(need, (settings or {}).get("limit"), root)
+        absent, no_hints, router = missing(need, root)
         hinted = [e for e in dict.fromkeys(absent + no_hints) if e in need.hint_experts]
         plain = [e for e in absent if e not in need.hint_experts]
         todo = plain + hinted
