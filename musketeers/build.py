@@ -19,10 +19,12 @@ import torch
 
 from musketeers.adapter import build_adapter
 from musketeers.cache.errors import UserError
+from musketeers.config import DTYPES as DTYPE_NAMES
 from musketeers.config import TrainConfig
 from musketeers.data import load_split
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# the torch dtype of each name TrainConfig accepts (one list of names, in config.py)
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 PolicyFactory = Callable[[TrainConfig], Any]
 
 

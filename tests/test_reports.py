@@ -16,7 +16,7 @@ from musketeers.cache.errors import UserError
 from musketeers.reports import aggregate as agg
 from musketeers.reports.fake import fake_evaluate, fake_train
 from musketeers.reports.grid import load_grid, run_grid, run_name, run_status
-from musketeers.reports.needs import grid_needs, missing
+from musketeers.reports.needs import grid_needs, missing, open_task_store
 from musketeers.reports.report import compare, write_report
 from musketeers.reports.tables import TABLE1, TABLE2, TASK_TITLES, table1_markdown
 
@@ -208,7 +208,7 @@ def test_grid_needs_union_of_experts_hints_and_router(tmp_path: Path):
     (need,) = grid_needs(grid, lambda team, roster: teams[team])
     assert need.task == "arithmetic" and list(need.experts) == ["e1", "e2"]
     assert not need.hint_experts and not need.router
-    assert missing(need) == (["e1", "e2"], [], False)
+    assert missing(need, open_task_store(need)) == (["e1", "e2"], [], False)
 
 
 def test_grid_refuses_a_store_with_fewer_items_than_it_precomputes(tmp_path: Path):

@@ -55,8 +55,8 @@ def grid_needs(grid: Grid, team_experts: Callable[[str | None, str], list[str]] 
     return list(needs.values())
 
 
-def _open(need: TaskNeed) -> Any:
-    """The task's store, or None when it does not exist yet."""
+def open_task_store(need: TaskNeed) -> Any:
+    """The task's store, or None when it does not exist yet (opened once per grid check)."""
     from musketeers.cache.reader import open_store
 
     try:
@@ -65,17 +65,14 @@ def _open(need: TaskNeed) -> Any:
         return None
 
 
-def check_items(need: TaskNeed, limit: int | None, root: Any = None) -> None:
+def check_items(need: TaskNeed, root: Any, limit: int | None) -> None:
     """Refuse a store holding fewer items per split than the grid precomputes (``limit``).
 
     Otherwise a store left by a smaller job (``make demo``: 16 items) would pass as ready and
-    every run of the grid would quietly train and evaluate on it. ``root``: the store, if the
-    caller has opened it.
+    every run of the grid would quietly train and evaluate on it. ``root``: the task's store
+    (``open_task_store``).
     """
-    if limit is None:
-        return
-    root = root if root is not None else _open(need)
-    if root is None:
+    if limit is None or root is None:
         return  # no store yet: precompute builds it with the grid's limit
     for split in SPLITS:
         n = int(root[f"{split}/items"].attrs.get("n", 0)) if f"{split}/items" in root else 0
@@ -86,12 +83,11 @@ def check_items(need: TaskNeed, limit: int | None, root: Any = None) -> None:
                 f"(--cache-dir DIR) or move that store away")
 
 
-def missing(need: TaskNeed, root: Any = None) -> tuple[list[str], list[str], bool]:
-    """(experts absent/incomplete, experts lacking hints, router missing) in the store
-    (``root``, if the caller has opened it)."""
+def missing(need: TaskNeed, root: Any) -> tuple[list[str], list[str], bool]:
+    """(experts absent/incomplete, experts lacking hints, router missing) in the task's store
+    ``root`` (``open_task_store``; None: no store yet)."""
     from musketeers.cache.store import ROUTER_ENCODER, hints_complete
 
-    root = root if root is not None else _open(need)
     if root is None:
         return list(need.experts), [], need.router
     absent, no_hints, router = [], [], False
@@ -122,8 +118,8 @@ def ensure_cache(grid: Grid, settings: dict[str, Any] | None,
     """
     done = []
     for need in grid_needs(grid, team_experts):
-        root = _open(need)
-        check_items(need, (settings or {}).get("limit"), root)
+        root = open_task_store(need)
+        check_items(need, root, (settings or {}).get("limit"))
         absent, no_hints, router = missing(need, root)
         hinted = [e for e in dict.fromkeys(absent + no_hints) if e in need.hint_experts]
         plain = [e for e in absent if e not in need.hint_experts]
