@@ -13,6 +13,9 @@ LIMIT ?= 16
 BUDGET ?= smoke
 SEEDS ?=
 TASKS ?=
+CACHE_DIR ?=
+# the arguments of the run recorded in BENCHMARKS.md
+BENCH_ARGS ?= --reps 3 --prompts 32 --policy smollm2
 SHARED ?= $(abspath ../shared)
 export MUSKETEERS_GSM8K_DIR ?= $(SHARED)/data/gsm8k
 
@@ -55,10 +58,11 @@ train: install
 	$(MUSK) train --task $(TASK) --team $(TEAM)
 
 ablations: install
-	$(MUSK) ablate --budget $(BUDGET) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(TASKS),--tasks $(TASKS))
+	$(MUSK) ablate --budget $(BUDGET) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(TASKS),--tasks $(TASKS)) \
+		$(if $(CACHE_DIR),--cache-dir $(CACHE_DIR))
 
 bench: install
-	$(PY) -m musketeers.bench
+	$(PY) -m musketeers.bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -32,6 +32,11 @@ class Dist:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world <= 1:
             return cls()
+        if device == "cuda":
+            # one GPU per rank: without this every rank would load its expert onto cuda:0
+            import torch
+
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         if not tdist.is_initialized():
             # Ranks wait at barriers while rank 0 converts a model or a slower rank finishes
             # its chunks: allow hours, not the default 10-30 minutes.
@@ -55,16 +60,27 @@ class Dist:
         return box[0]
 
     def on_rank0(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` on rank 0 and share its result; its UserError is raised on every rank."""
+        """Run ``fn`` on rank 0 and share its result.
+
+        Any exception of ``fn`` reaches every rank: rank 0 re-raises its own, the others a
+        UserError (or RuntimeError) with its message. Otherwise rank 0 would leave and the
+        others wait in the broadcast until the 6-hour timeout.
+        """
         result, error = None, None
         if self.rank == 0:
             try:
                 result = fn()
-            except UserError as exc:
-                error = str(exc)
+            except Exception as exc:
+                user = isinstance(exc, UserError)
+                self.broadcast((None, (user, str(exc) if user
+                                       else f"{type(exc).__name__}: {exc}")))
+                raise
         result, error = self.broadcast((result, error))
         if error is not None:
-            raise UserError(error)
+            user, message = error
+            if user:
+                raise UserError(message)
+            raise RuntimeError(f"rank 0 failed: {message}")
         return result
 
     def my_chunks(self, n_chunks: int) -> list[int]:

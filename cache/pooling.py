@@ -10,8 +10,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-FLOAT_ARRAYS = ("last", "first", "random", "layers_last", "layers_mean")
-
 
 def random_positions(rows: np.ndarray, n_tokens: np.ndarray, seed: int) -> np.ndarray:
     """A token index in [0, n_tokens) per row, seeded by (seed, row) so batching cannot move it."""

@@ -286,7 +286,8 @@ def precompute_expert(root: zarr.Group, splits: dict[str, list[Item]], spec: Exp
 
         def make(g, n=len(items)):
             st.create_expert_arrays(g, n, n_layers, d, cfg.chunk_rows, hints=False)
-            g.attrs.update({"n_layers": n_layers, "d": d, "dtype": str(cfg.dtype)[6:]})
+            g.attrs.update({"n_layers": n_layers, "d": d,
+                            "dtype": str(cfg.dtype).removeprefix("torch.")})
 
         g, work = _prepare(sg, f"experts/{spec.name}", fp, cfg, rebuild, make, dist)
         desc = f"{task}/{split} {spec.name}"
@@ -307,8 +308,6 @@ def precompute_expert(root: zarr.Group, splits: dict[str, list[Item]], spec: Exp
             run_chunks(g, len(items), cfg.chunk_rows, dist, f"{desc} hints", hints,
                        flag=st.HINTS_FLAG)
             finish(g, dist, st.HINTS_FLAG, "hints_complete")
-    model = None  # free the weights before the next expert loads
-    gc.collect()
 
 
 def _prepare(sg, path, fp, cfg, rebuild, make, dist: Dist):
@@ -323,14 +322,14 @@ def precompute_router(root: zarr.Group, splits: dict[str, list[Item]], task: str
 
     model, tokenizer = router.load_encoder(cfg.device)
     for split, items in splits.items():
-        fp = {"encoder": router.ENCODER, "items_fingerprint": items_fingerprint(items),
+        fp = {"encoder": st.ROUTER_ENCODER, "items_fingerprint": items_fingerprint(items),
               "format_version": st.FORMAT_VERSION}
 
         def make(g, n=len(items)):
             st.create_array(g, "emb", (n, router.DIM), "float32", cfg.chunk_rows)
             st.create_done(g, n, cfg.chunk_rows)
 
-        g, work = _prepare(root[split], f"router/{router.ENCODER}", fp, cfg,
+        g, work = _prepare(root[split], f"router/{st.ROUTER_ENCODER}", fp, cfg,
                            st.rebuild_command(task), make, dist)
         if not work:
             continue
@@ -363,6 +362,7 @@ def precompute_task(cache_dir: str | Path, task: str, task_spec: dict,
             precompute_router(root, splits, task, cfg, dist)
         for spec in specs:
             precompute_expert(root, splits, spec, task, cfg, dist)
+            gc.collect()  # the expert's weights (its locals are gone) before the next loads
     finally:
         lock.release()
     return path

@@ -106,7 +106,7 @@ def pool_from_group(g: zarr.Group, pooling: str, seed: int, expert_index: int,
             k = int(pooling.split(":", 1)[1])
         except ValueError:
             k = None
-        if k is None or not -layers.shape[1] <= k < layers.shape[1]:
+        if k is None or not 0 <= k < layers.shape[1]:
             raise UserError(f"pooling {pooling!r}: layer must be an integer in "
                             f"0..{layers.shape[1] - 1}")
         return layers[:, k]

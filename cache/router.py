@@ -12,8 +12,7 @@ import torch
 
 from musketeers.cache.errors import UserError
 
-ENCODER = "all-minilm-l6-v2"
-DIM = 384
+DIM = 384  # the encoder is store.ROUTER_ENCODER, the name of its group in a store
 
 
 def encoder_path():

@@ -23,7 +23,7 @@ from musketeers.cache.items import Item
 
 FORMAT_VERSION = 1
 CHUNK_ROWS = 64
-SPLITS = ("train", "val")
+SPLITS: tuple[str, ...] = ("train", "val")  # every store, every task
 ITEM_FIELDS = ("id", "question", "system", "answer", "entry", "source")
 ROUTER_ENCODER = "all-minilm-l6-v2"
 HINTS_FLAG = "hints_done"  # hints are their own unit: flags, then ``hints_complete``

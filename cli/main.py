@@ -19,7 +19,7 @@ app = typer.Typer(
 )
 
 # Each module exposes register(app); a module that is absent in a partial install is skipped.
-_COMMAND_MODULES = ("precompute", "train", "ablate", "demo", "fixtures")
+_COMMAND_MODULES = ("precompute", "train", "ablate", "demo", "fixtures", "teams")
 
 
 def _register_commands() -> None:

@@ -15,6 +15,8 @@ import typer
 from musketeers.cache.errors import UserError
 
 Opt = typer.Option
+# what a resumed run may change: how long it runs and where its parts live, not what it is
+RESUME_MAY_CHANGE = ("steps", "device", "cache_dir", "run_dir")
 
 
 def train(
@@ -70,7 +72,18 @@ def train(
     if resume:
         if run_dir is None:
             raise UserError("--resume needs the --run-dir of the run to continue")
-        cfg = apply_overrides(read_run_config(run_dir), overrides)
+        if config is not None:
+            raise UserError("--resume continues a run with its own config.yaml; drop --config")
+        saved = read_run_config(run_dir)
+        cfg = apply_overrides(saved, overrides)
+        changed = [k for k in overrides if k not in RESUME_MAY_CHANGE
+                   and getattr(cfg, k) != getattr(saved, k)]
+        if changed:
+            raise UserError(
+                f"--resume continues {run_dir} as it was configured; "
+                + ", ".join(f"--{k.replace('_', '-')} {getattr(saved, k)!r} → "
+                            f"{getattr(cfg, k)!r}" for k in changed)
+                + " would change it mid-run: drop them, or start a new --run-dir")
         validate(cfg)
     else:
         cfg = resolve_config(config, overrides)

@@ -18,16 +18,15 @@ import yaml
 
 from musketeers.cache.errors import UserError
 
-ADVANTAGES = ("group", "loo")
-REWARD_NORMS = ("group", "task", "none")
-LOSS_NORMS = ("token", "sequence", "constant")
 SCHEDULERS = ("constant", "linear", "cosine")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass
 class TrainConfig:
-    """One training run. Defaults are the paper's hyper-parameters (appendix 7)."""
+    """One training run. The optimisation defaults are the paper's hyper-parameters
+    (appendix 7); the default ``budget`` (pocket) and ``policy`` (a 0.5B model) size a run for
+    a CPU, and ``--budget paper --roster paper --policy paper`` restores the paper's."""
 
     # what to train on
     task: str = "logic"
@@ -203,6 +202,7 @@ def validate(cfg: TrainConfig) -> None:
     """Names against the registries of the other modules; sizes positive. UserError if not."""
     from musketeers.adapter import METHODS
     from musketeers.cache.reader import POOLINGS
+    from musketeers.grpo import ADVANTAGES, LOSS_NORMS, REWARD_NORMS
     from musketeers.tasks import TASKS
 
     _one_of("task", cfg.task, TASKS)
@@ -227,9 +227,14 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.eval_limit is not None and cfg.eval_limit < 1:
         raise UserError(f"config key 'eval_limit' must be >= 1, got {cfg.eval_limit}")
     for key in ("beta", "lr", "adapter_lr", "weight_decay", "grad_clip", "clip_low",
-                "clip_high", "temperature"):
+                "clip_high"):
         if getattr(cfg, key) < 0:
             raise UserError(f"config key '{key}' must be >= 0, got {getattr(cfg, key)}")
+    if not cfg.temperature > 0:  # sampling and log-probs divide the logits by it
+        raise UserError(f"config key 'temperature' must be > 0, got {cfg.temperature}")
+    if cfg.d_model % cfg.heads:
+        raise UserError(f"config key 'd_model' ({cfg.d_model}) must be a multiple of 'heads' "
+                        f"({cfg.heads})")
 
 
 def save_config(cfg: TrainConfig, path: Path) -> None:

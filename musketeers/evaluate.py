@@ -18,7 +18,7 @@ from musketeers.build import PolicyFactory, build_components
 from musketeers.cache.errors import UserError
 from musketeers.cache.progress import progress
 from musketeers.config import read_run_config
-from musketeers.trainer import _context, policy_score
+from musketeers.trainer import adapter_context, policy_score
 
 
 def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = False,
@@ -45,7 +45,7 @@ def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = Fals
         for start in range(0, len(data), batch_size):
             rows = torch.arange(start, min(start + batch_size, len(data)))
             items, vectors, router = data.batch(rows)
-            context, _ = _context(use_adapter, vectors, router, cfg.device)
+            context, _ = adapter_context(use_adapter, vectors, router, cfg.device)
             comps = policy.generate(policy.encode_prompts(items), context, group_size=1,
                                     max_new_tokens=cfg.max_new_tokens, greedy=True)
             scores += [policy_score(it, policy.decode(c)) for it, c in zip(items, comps,

@@ -1,7 +1,10 @@
 """GRPO (paper Eq. 4) and the RLOO+ options, one small function per term.
 
-Eq. 4 maximises E[r(x, y) - β·KL(π_θ(·|[x‖C]) ‖ π_ref(·|x))]. GRPO optimises it with a
-PPO-clipped surrogate on group-relative advantages plus a per-token k3 KL penalty:
+Eq. 4 maximises E[r(x, y) - β⁻¹·log π_θ(y|[x‖C]) / π_ref(y|x)]: reward minus a KL penalty.
+The paper writes β⁻¹ yet reports "KL coefficient β = 0.04" (§4.1); we follow the reported
+coefficient, β multiplying the KL, as GRPO implementations do. π_ref sees zeros in C's
+positions (§4.1), not the bare x, so both policies share one token layout. GRPO optimises
+it with a PPO-clipped surrogate on group-relative advantages plus a per-token k3 KL penalty:
 
     L = -agg_t [ min(ρ_t A, clip(ρ_t, 1-ε_low, 1+ε_high) A) - β·k3_t ]
 
@@ -134,23 +137,42 @@ def clipped_surrogate(
 
 
 def aggregate(
-    per_token: Tensor, mask: Tensor, mode: str = "token", max_len: int | None = None
+    per_token: Tensor, mask: Tensor, mode: str = "token", max_len: int | None = None,
+    denominator: float | None = None,
 ) -> Tensor:
     """Reduce a per-token objective [N, T] over real tokens (mask) to a scalar.
 
     token:    Σ_{n,t} x m / Σ_{n,t} m                       (DAPO token-level mean)
     sequence: 1/N Σ_n (Σ_t x m / Σ_t m)                     (original GRPO)
     constant: Σ_{n,t} x m / (N · L_max), L_max = max_len or T   (Dr. GRPO, no length bias)
+
+    ``denominator`` replaces the batch's own Σ m, N or N · L_max by the whole update's
+    (``loss_denominator``): the micro-batches of one update then sum to its exact loss.
     """
     mask = mask.to(per_token.dtype)
     masked = per_token * mask
     if mode == "token":
-        return masked.sum() / mask.sum().clamp(min=1)
-    if mode == "sequence":
-        return (masked.sum(-1) / mask.sum(-1).clamp(min=1)).mean()
-    if mode == "constant":
+        num, den = masked.sum(), mask.sum().clamp(min=1)
+    elif mode == "sequence":
+        num, den = (masked.sum(-1) / mask.sum(-1).clamp(min=1)).sum(), per_token.shape[0]
+    elif mode == "constant":
         length = max_len if max_len is not None else per_token.shape[-1]
-        return masked.sum() / (per_token.shape[0] * length)
+        num, den = masked.sum(), per_token.shape[0] * length
+    else:
+        raise ValueError(f"unknown loss normalisation {mode!r}; valid: {', '.join(LOSS_NORMS)}")
+    return num / (den if denominator is None else denominator)
+
+
+def loss_denominator(lengths: list[int], mode: str, max_len: int) -> float:
+    """``aggregate``'s denominator over every completion of one update (their token counts):
+    Σ lengths (token), the number of completions (sequence) or that times ``max_len``
+    (constant). Each micro-batch's loss over it, summed, is the loss of the whole batch."""
+    if mode == "token":
+        return float(max(sum(lengths), 1))
+    if mode == "sequence":
+        return float(len(lengths))
+    if mode == "constant":
+        return float(len(lengths) * max_len)
     raise ValueError(f"unknown loss normalisation {mode!r}; valid: {', '.join(LOSS_NORMS)}")
 
 
@@ -164,12 +186,14 @@ def grpo_loss(
     beta: float = 0.04,
     clip_low: float = 0.2,
     clip_high: float = 0.2,
-    loss_norm: str = "sequence",
+    loss_norm: str = "token",
     max_len: int | None = None,
+    denominator: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Eq. 4 as a loss: L = -agg[ min(ρA, clip(ρ)A) - β·k3(logp, ref_logp) ].
 
-    ref_logp may be None when β = 0 (no reference forward needed). Returns the scalar loss
+    ref_logp may be None when β = 0 (no reference forward needed). ``denominator``: see
+    ``aggregate`` (one micro-batch of a larger update). Returns the scalar loss
     and float statistics over real tokens: kl (token mean of k3), clip_frac (tokens whose
     clipped branch is active), ratio_mean, adv_mean, surrogate.
     """
@@ -182,7 +206,7 @@ def grpo_loss(
         per_token = surrogate - beta * kl
     elif beta != 0:
         raise ValueError("grpo_loss needs ref_logp when beta != 0")
-    loss = -aggregate(per_token, mask, loss_norm, max_len)
+    loss = -aggregate(per_token, mask, loss_norm, max_len, denominator)
 
     with torch.no_grad():
         a = adv.unsqueeze(-1) if adv.dim() == logp.dim() - 1 else adv

@@ -13,7 +13,6 @@ rises, routing entropy falls and ρ(reward, H) < 0; ``single`` stays at chance.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +35,17 @@ ANSWERS = tuple(f"<answer>{d}</answer>" for d in range(10))
 CHANCE = 0.1
 
 
-def planted_vectors(digits: np.ndarray, seed: int, noise: float = 0.5
-                    ) -> dict[str, np.ndarray]:
-    """Per expert [N, DIM]: the oracle's code(digit) + noise; the others N(0, 1) noise."""
+def planted_vectors(digits: np.ndarray, seed: int, split: str = "train",
+                    noise: float = 0.5) -> dict[str, np.ndarray]:
+    """Per expert [N, DIM]: the oracle's code(digit) + noise; the others N(0, 1) noise.
+
+    The ten codes come from ``seed`` alone, so train and val share them (a trained run then
+    scores on val); each split draws its own noise.
+    """
     rng = np.random.default_rng(seed)
     codes = rng.standard_normal((10, DIM)).astype(np.float32)
+    if split != "train":  # train keeps the stream it always had (the check's margins)
+        rng = np.random.default_rng([seed, *split.encode()])
     out = {}
     for name in EXPERTS:
         eps = rng.standard_normal((len(digits), DIM)).astype(np.float32)
@@ -61,7 +66,7 @@ def write_planted_store(cache_dir: Path, *, n_train: int = 512, n_val: int = 128
         sg = root.require_group(split)
         st.write_items(sg, items, items_fingerprint(items), st.CHUNK_ROWS)
         digits = np.array([int(it.answer) for it in items])
-        for name, vec in planted_vectors(digits, seed + (split == "val")).items():
+        for name, vec in planted_vectors(digits, seed, split).items():
             g = sg.require_group(f"experts/{name}")
             g.attrs.update({"complete": False})
             st.create_expert_arrays(g, len(items), 1, DIM, st.CHUNK_ROWS, hints=False)
@@ -142,25 +147,20 @@ def planted_config(method: str, seed: int, steps: int, cache_dir: Path, run_dir:
 def run_planted(seeds: list[int], steps: int, workdir: Path,
                 methods: tuple[str, ...] = ("perceiver", "single")) -> list[dict[str, Any]]:
     """Train every (method, seed) on one planted store; one summary row per run."""
-    from musketeers.trainer import train
+    from musketeers.runlog import read_metrics
+    from musketeers.trainer import torch_threads, train
 
     workdir = Path(workdir)
     cache_dir = workdir / "stores"
     write_planted_store(cache_dir)
     rows = []
-    threads = torch.get_num_threads()
     # a 64-wide model gains nothing from intra-op threads, and on a shared CPU they cost 10x
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         for method in methods:
             for seed in seeds:
                 run_dir = workdir / "runs" / f"planted-{method}-s{seed}"
-                cfg = planted_config(method, seed, steps, cache_dir, run_dir)
-                summary = train(cfg)
-                metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
-                rows.append(_row(method, seed, summary, metrics))
-    finally:
-        torch.set_num_threads(threads)
+                summary = train(planted_config(method, seed, steps, cache_dir, run_dir))
+                rows.append(_row(method, seed, summary, read_metrics(run_dir / "metrics.jsonl")))
     return rows
 
 

@@ -33,7 +33,12 @@ from musketeers.cache.items import Item
 from musketeers.cache.progress import progress
 from musketeers.config import TrainConfig, save_config
 from musketeers.data import SplitData
-from musketeers.grpo import compute_advantages, grpo_loss, zero_variance_groups
+from musketeers.grpo import (
+    compute_advantages,
+    grpo_loss,
+    loss_denominator,
+    zero_variance_groups,
+)
 from musketeers.routing import batch_routing_stats
 from musketeers.runlog import (
     log_tb,
@@ -50,6 +55,8 @@ log = logging.getLogger("musketeers.train")
 FaultHook = Callable[[int, str, torch.Tensor], torch.Tensor]
 # (items, rows) -> pooled vectors: the benchmark's --live-experts path computes them live.
 VectorSource = Callable[[list[Item], torch.Tensor], list[torch.Tensor]]
+# (CPU generator state, CUDA generator state or None): what the adapter's random draws use
+RngState = tuple[torch.Tensor, torch.Tensor | None]
 
 
 class NonFiniteError(UserError):
@@ -71,7 +78,7 @@ class Rollout:
     old_logp: torch.Tensor | None  # [B'·G, T] for kept groups (None when μ = 1)
     ref_logp: torch.Tensor | None
     attention: torch.Tensor | None  # [B, m, n]
-    adapter_rng: torch.Tensor | None = None  # CPU RNG state before the rollout's adapter call
+    adapter_rng: RngState | None = None  # RNG states before the rollout's adapter call
 
 
 def _check_finite(step: int, name: str, t: torch.Tensor) -> None:
@@ -86,15 +93,26 @@ def _sample_rows(n: int, total: int, generator: torch.Generator) -> torch.Tensor
     return torch.cat(perms)[:total]
 
 
-def _context(adapter, vectors, router, device, rng_state: torch.Tensor | None = None):
-    """C and A for a batch. ``rng_state`` replays the random draws of an earlier call (the
-    hard-routing Gumbel noise), so the loss conditions on the C the completions were sampled
-    with, not on a fresh draw."""
+def rng_snapshot(device: str) -> RngState:
+    """The generator states the adapter's random draws (hard routing's Gumbel noise) come
+    from: the CPU's, and the GPU's when the adapter runs there."""
+    dev = torch.device(device)
+    return torch.get_rng_state(), torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None
+
+
+def adapter_context(adapter, vectors, router, device, rng_state: RngState | None = None):
+    """C and A for a batch. ``rng_state`` (``rng_snapshot``) replays the random draws of an
+    earlier call, so the loss conditions on the C the completions were sampled with, not on a
+    fresh draw."""
     if adapter is None:
         return None, None
-    with torch.random.fork_rng(devices=[], enabled=rng_state is not None):
+    dev = torch.device(device)
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else [],
+                               enabled=rng_state is not None):
         if rng_state is not None:
-            torch.set_rng_state(rng_state)
+            torch.set_rng_state(rng_state[0])
+            if rng_state[1] is not None:
+                torch.cuda.set_rng_state(rng_state[1], dev)
         out = adapter([v.to(device) for v in vectors],
                       router.to(device) if router is not None else None)
     return out.context, out.attention
@@ -121,9 +139,9 @@ def rollout(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, rows:
     if vector_source is not None:
         vectors = vector_source(items, rows)
     prompt_ids = policy.encode_prompts(items)
-    adapter_rng = torch.get_rng_state()
+    adapter_rng = rng_snapshot(cfg.device)
     with torch.no_grad():
-        context, attention = _context(adapter, vectors, router, cfg.device)
+        context, attention = adapter_context(adapter, vectors, router, cfg.device)
         completions = policy.generate(
             prompt_ids, context, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
             temperature=cfg.temperature, greedy=False, generator=generator)
@@ -206,10 +224,15 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
     params = [p for group in optimizer.param_groups for p in group["params"]]
     active = [r for r in rollouts if r.keep.any()]
     losses, kls, norms = [], [], []
+    # one normaliser for the whole update, so that its micro-batches' losses sum to the loss
+    # of the batch they split (not a mean of per-micro-batch token means)
+    denominator = loss_denominator([len(c) for r in active for c in _kept(r, None)[2]],
+                                   cfg.loss_norm, cfg.max_new_tokens)
     for _ in range(cfg.inner_iters if active else 0):
         optimizer.zero_grad(set_to_none=True)
+        total = 0.0
         for r in active:
-            context, _ = _context(adapter, r.vectors, r.router, cfg.device, r.adapter_rng)
+            context, _ = adapter_context(adapter, r.vectors, r.router, cfg.device, r.adapter_rng)
             prompts, ctx, comps = _kept(r, context)
             logp, mask = policy.completion_logprobs(prompts, ctx, comps,
                                                      temperature=cfg.temperature)
@@ -218,13 +241,14 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
             loss, stats = grpo_loss(
                 logp.float(), old.float(), None if r.ref_logp is None else r.ref_logp.float(),
                 adv, mask, beta=cfg.beta, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                loss_norm=cfg.loss_norm, max_len=cfg.max_new_tokens)
+                loss_norm=cfg.loss_norm, max_len=cfg.max_new_tokens, denominator=denominator)
             if fault is not None:
                 loss = fault(step, "loss", loss)
             _check_finite(step, "loss", loss.detach())
-            (loss / len(active)).backward()
-            losses.append(float(loss.detach()))
+            loss.backward()
+            total += float(loss.detach())
             kls.append(stats["kl"])
+        losses.append(total)
         clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, clip)
         if fault is not None:
@@ -303,14 +327,14 @@ def _train(cfg: TrainConfig, resume: bool, policy_factory: PolicyFactory | None,
     metrics_path = run / "metrics.jsonl"
     if not resume and (metrics_path.exists() or ckpt.list_checkpoints(run)):
         raise UserError(f"run folder {run} already has a run; pass --resume or another --run-dir")
+    last = ckpt.latest_checkpoint(run) if resume else None
+    if resume and last is None:  # before any model loads
+        raise UserError(f"no checkpoint in {run}; start it without --resume")
     data, policy, adapter = build_components(cfg, "train", policy_factory=policy_factory)
     optimizer, scheduler = make_optimizer(cfg, policy, adapter)
     generator = torch.Generator().manual_seed(cfg.seed)
     start = 0
-    if resume:
-        last = ckpt.latest_checkpoint(run)
-        if last is None:
-            raise UserError(f"no checkpoint in {run}; start it without --resume")
+    if last is not None:
         start = ckpt.load_checkpoint(last, policy.model, adapter, optimizer, scheduler,
                                      generator)["step"]
         truncate_metrics(metrics_path, start)

@@ -132,3 +132,31 @@ def test_unfinished_hints_are_refused_and_reported(tmp_path):
         read_hints(tmp_path, "toy", "train", ["tiny-llama"])
     assert [str(p) for p in verify_store(tmp_path / "toy.zarr")] == [
         "train/experts/tiny-llama: hints incomplete (1/2 chunks done)"]
+
+
+RANK0_FAILS = """
+from musketeers.cache.dist import Dist
+
+dist = Dist.from_env()
+def boom():
+    raise OSError("disk full")
+try:
+    dist.on_rank0(boom)
+except Exception as exc:
+    print(f"rank {dist.rank}: {type(exc).__name__}: {exc}", flush=True)
+dist.close()
+"""
+
+
+def test_a_failure_on_rank0_reaches_every_rank(tmp_path):
+    """Not only UserError: any exception of rank 0's work must end the other ranks too, or
+    they wait in the broadcast until the process group's 6-hour timeout."""
+    script = tmp_path / "rank0_fails.py"
+    script.write_text(RANK0_FAILS)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node=2", str(script)], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert "rank 0: OSError: disk full" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    assert "rank 1: RuntimeError: rank 0 failed: OSError: disk full" in proc.stdout, (
+        proc.stdout + proc.stderr[-2000:])

@@ -93,6 +93,40 @@ def test_no_context_every_is_off_by_default_and_refuses_negatives():
         resolve_config(None, {"no_context_every": -1})
 
 
+@pytest.mark.parametrize("values, match", [
+    ({"temperature": 0.0}, "'temperature' must be > 0"),
+    ({"d_model": 100, "heads": 8}, "'d_model' \\(100\\) must be a multiple of 'heads' \\(8\\)"),
+])
+def test_values_that_would_fail_later_are_refused_up_front(values, match):
+    with pytest.raises(UserError, match=match):
+        resolve_config(None, values)
+
+
+def test_resume_refuses_options_that_change_the_run(tmp_path, monkeypatch):
+    """A resumed run is the run it was: --config or a changed --method is refused before any
+    work; the same values again (``make demo`` repeats its options) and --steps pass."""
+    from musketeers.cli import main as cli_main
+
+    run = tmp_path / "r"
+    run.mkdir()
+    save_config(resolve_config(None, {"method": "perceiver", "run_dir": str(run)}),
+                run / "config.yaml")
+    runner = CliRunner()
+    for args, match in [
+        (["--method", "single"], "--method 'perceiver' → 'single'"),
+        (["--budget", "paper"], "--budget 'pocket' → 'paper'"),
+        (["--config", str(write(tmp_path, {"seed": 1}))], "drop --config"),
+    ]:
+        result = runner.invoke(cli_main.app, ["train", "--resume", "--run-dir", str(run), *args])
+        assert isinstance(result.exception, UserError), (args, result.output)
+        assert match in str(result.exception) and "\n" not in str(result.exception)
+    # allowed: reaches the trainer, which finds no checkpoint (nothing was trained)
+    result = runner.invoke(cli_main.app, ["train", "--resume", "--run-dir", str(run),
+                                          "--method", "perceiver", "--steps", "9"])
+    assert "no checkpoint" in str(result.exception)
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]
+
+
 def test_cli_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch):
     from musketeers.cli import main as cli_main
 

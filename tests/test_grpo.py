@@ -108,6 +108,25 @@ def test_aggregations_on_ragged_mask():
         grpo.aggregate(X, MASK, "mean")
 
 
+@pytest.mark.parametrize("mode", grpo.LOSS_NORMS)
+def test_micro_batches_sum_to_the_whole_batch_loss(mode):
+    """Gradient accumulation: rows split 2 + 3 (different widths), each micro-batch over the
+    update's denominator, sum to the loss of all five rows at once."""
+    torch.manual_seed(0)
+    lengths = [3, 1, 4, 2, 5]
+    x = torch.randn(5, 5)
+    mask = (torch.arange(5) < torch.tensor(lengths).unsqueeze(-1)).float()
+    whole = grpo.aggregate(x, mask, mode, max_len=6)
+    den = grpo.loss_denominator(lengths, mode, max_len=6)
+    parts = [grpo.aggregate(x[:2, :3], mask[:2, :3], mode, 6, den),
+             grpo.aggregate(x[2:], mask[2:], mode, 6, den)]
+    assert sum(parts).item() == pytest.approx(whole.item(), abs=1e-6)
+    # the per-micro-batch mean (what accumulation without it computes) differs here
+    naive = (grpo.aggregate(x[:2, :3], mask[:2, :3], mode, 6)
+             + grpo.aggregate(x[2:], mask[2:], mode, 6)) / 2
+    assert naive.item() != pytest.approx(whole.item(), abs=1e-3)
+
+
 def test_loss_is_minus_mean_advantage_at_ratio_one():
     torch.manual_seed(0)
     logp = (torch.randn(2, 4) - 2).requires_grad_(True)

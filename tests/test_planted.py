@@ -12,8 +12,13 @@ STEPS = 40
 
 
 @pytest.fixture(scope="module")
-def rows(tmp_path_factory):
-    return run_planted(SEEDS, STEPS, tmp_path_factory.mktemp("planted"))
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("planted")
+
+
+@pytest.fixture(scope="module")
+def rows(workdir):
+    return run_planted(SEEDS, STEPS, workdir)
 
 
 def test_reward_well_above_chance_with_context(rows):
@@ -34,6 +39,20 @@ def test_routing_concentrates_on_the_informative_expert(rows):
         assert r["oracle_last"] > r["oracle_first"] + 0.05, r
         assert r["entropy_last"] < r["entropy_first"] - 0.05, r
         assert r["rho"] < 0, r
+
+
+def test_trained_runs_score_on_held_out_items(rows, workdir):
+    """`musketeers eval` on the val split: new noise draws around the same digit codes, so the
+    trained adapter must carry over (val once had codes of its own: chance by construction)."""
+    from musketeers.evaluate import evaluate
+
+    for seed in SEEDS:
+        run = workdir / "runs" / f"planted-perceiver-s{seed}"
+        with_c = evaluate(run)
+        without = evaluate(run, no_context=True)
+        assert with_c["n"] == without["n"] == 128
+        assert with_c["accuracy"] >= 3 * CHANCE, (seed, with_c)
+        assert without["accuracy"] <= 2 * CHANCE, (seed, without)
 
 
 def test_check_rows_agrees(rows):

@@ -211,6 +211,31 @@ def test_grid_needs_union_of_experts_hints_and_router(tmp_path: Path):
     assert missing(need, open_task_store(need)) == (["e1", "e2"], [], False)
 
 
+def test_a_run_listed_twice_is_one_run_unless_its_fields_clash(tmp_path: Path):
+    path = tmp_path / "g.yaml"
+    base = {"task": "logic", "method": "perceiver", "team": "default"}
+    path.write_text(yaml.safe_dump({"budget": "t", "runs": [
+        {**base, "save_every": 2}, {**base, "eval_no_context": True, "no_context_every": 5}]}))
+    (run,) = load_grid(path).runs
+    assert run.eval_no_context and run.fields["save_every"] == 2
+    assert run.fields["no_context_every"] == 5
+    path.write_text(yaml.safe_dump({"budget": "t", "runs": [
+        {**base, "no_context_every": 1}, {**base, "no_context_every": 5}]}))
+    with pytest.raises(UserError, match="listed twice with different no_context_every"):
+        load_grid(path)
+
+
+def test_grid_precomputes_into_the_folder_its_runs_read(tmp_path: Path, monkeypatch):
+    """With no --cache-dir, both follow $MUSKETEERS_CACHE_DIR (the grid once used ./stores)."""
+    from musketeers.config import TrainConfig
+
+    monkeypatch.setenv("MUSKETEERS_CACHE_DIR", str(tmp_path / "env-stores"))
+    grid = load_grid(small_grid(tmp_path))
+    (need,) = grid_needs(grid, lambda team, roster: ["e1"])
+    assert "cache_dir" not in next(iter(grid.runs)).fields
+    assert need.cache_dir == str(tmp_path / "env-stores") == TrainConfig().cache_dir
+
+
 def test_grid_refuses_a_store_with_fewer_items_than_it_precomputes(tmp_path: Path):
     from musketeers.reports.needs import ensure_cache
 

@@ -175,3 +175,19 @@ def test_new_random_specs_build_and_run(tmp_path, monkeypatch):
         with torch.inference_mode():
             out = model(**ids, output_hidden_states=True)
         assert out.hidden_states[-1].shape[-1] == width
+
+
+def test_teams_command_shows_every_team_and_refuses_an_unknown_one():
+    from typer.testing import CliRunner
+
+    from musketeers.cli.main import app
+
+    out = CliRunner().invoke(app, ["teams", "--roster", "paper"])
+    assert out.exit_code == 0, out.output
+    for team in TEAMS:
+        assert f"team {team} (paper roster)" in out.output
+    assert "Qwen/Qwen2.5-Math-1.5B-Instruct" in out.output and "policies: " in out.output
+    one = CliRunner().invoke(app, ["teams", "llm"])
+    assert "team llm (pocket roster)" in one.output and "team default" not in one.output
+    bad = CliRunner().invoke(app, ["teams", "nope"])
+    assert isinstance(bad.exception, UserError) and "valid teams" in str(bad.exception)

@@ -115,6 +115,27 @@ def test_no_context_reward_samples_the_policy_without_context(planted_store, tmp
     assert no_context_reward(cfg, 0, policy, data, torch.arange(4)) == value  # seeded by step
 
 
+def test_hard_routing_loss_replays_the_rollouts_gumbel_draw():
+    """The loss pass must condition on the expert each row was routed to while sampling."""
+    from musketeers.adapter import build_adapter
+    from musketeers.trainer import adapter_context, rng_snapshot
+
+    torch.manual_seed(0)
+    dims = [6, 10, 4]
+    ad = build_adapter("hard_routing", dims, 8, d_model=8, router_dim=5, out_init_std=1.0)
+    ad.train()
+    vectors, router = [torch.randn(64, d) for d in dims], torch.randn(64, 5)
+    snap = rng_snapshot("cpu")
+    sampled, _ = adapter_context(ad, vectors, router, "cpu")
+    torch.rand(100)  # the draws of sampling, in between
+    after = torch.get_rng_state()
+    replayed, _ = adapter_context(ad, vectors, router, "cpu", snap)
+    assert torch.equal(torch.get_rng_state(), after)  # the replay leaves the stream alone
+    fresh, _ = adapter_context(ad, vectors, router, "cpu")
+    assert torch.equal(replayed, sampled)
+    assert not torch.equal(fresh, sampled)
+
+
 def test_fresh_run_refuses_existing_folder(planted_store, tmp_path):
     run = tmp_path / "run"
     train(small("single", planted_store, run, steps=1))

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 import yaml
-from scipy.stats import spearmanr
 
 from musketeers.reports.grid import IRRELEVANT, is_finished
+from musketeers.routing import spearman
 from musketeers.runlog import read_metrics
 
 GROUP_FIELDS = ("task", "method", "team", "pooling", "latents")
@@ -50,11 +50,8 @@ class Run:
 
     @property
     def wall_time(self) -> float:
-        """Training seconds: the summary's, else the sum of the per-step times."""
-        wall = (self.summary or {}).get("wall_time_s")
-        if wall is not None:
-            return float(wall)
-        return float(sum(m.get("time_s", m.get("time", 0.0)) or 0.0 for m in self.metrics))
+        """Training seconds: the sum of the per-step times."""
+        return float(sum(m.get("time_s") or 0.0 for m in self.metrics))
 
     @property
     def spearman(self) -> float | None:
@@ -173,15 +170,15 @@ def cell(runs: list[Run], **key: Any) -> Cell:
 
 
 def spearman_reward_entropy(metrics: list[dict[str, Any]]) -> float | None:
-    """Spearman ρ between a run's reward and routing-entropy series (paper §4.3)."""
+    """Spearman ρ between a run's reward and routing-entropy series (paper §4.3), by the
+    trainer's own rule (``routing.spearman``); None where it is undefined."""
     pairs = [(m["reward_mean"], m["entropy"]) for m in metrics
              if m.get("entropy") is not None and m.get("reward_mean") is not None]
-    if len(pairs) < 3:
+    if not pairs:
         return None
     r, h = zip(*pairs, strict=True)
-    if len(set(r)) < 2 or len(set(h)) < 2:
-        return None
-    return float(spearmanr(r, h).statistic)
+    rho = spearman(r, h)
+    return None if math.isnan(rho) else rho
 
 
 def mean_spearman(runs: list[Run]) -> tuple[float | None, int]:

@@ -42,11 +42,11 @@ def fake_train(fields: dict[str, Any], steps: int = 40) -> Path:
         progress = step / max(1, steps - 1)
         reward = float(np.clip(0.2 + 0.5 * progress + rng.normal(0, 0.05), 0, 1))
         row: dict[str, Any] = {
-            "step": step, "reward_mean": reward, "reward_std": 0.3, "accuracy": reward,
+            "step": step + 1, "reward_mean": reward, "reward_std": 0.3, "accuracy": reward,
             "kl": 0.01 * progress, "loss": -0.1, "grad_norm": 1.0, "completion_len": 60.0,
-            "zero_var_frac": 0.1, "time": 1.0 * step,
+            "zero_var_frac": 0.1, "time_s": 1.5,
         }
-        if method in ("perceiver", "no_cross_attn", "hard_routing") and experts:
+        if method in ("perceiver", "hard_routing") and experts:  # no_cross_attn has no A
             logits = np.zeros(len(experts))
             logits[favourite] = 3.0 * progress
             if "gpt2-random" in experts:
@@ -65,7 +65,7 @@ def fake_train(fields: dict[str, Any], steps: int = 40) -> Path:
 
     (run_dir / "summary.json").write_text(json.dumps({
         "spearman_reward_entropy": spearman_reward_entropy(rows), "steps": steps,
-        "wall_time_s": 1.5 * steps, "status": "done"}))
+        "status": "done"}))
     return run_dir
 
 

@@ -128,9 +128,16 @@ def load_grid(
             if tasks is not None and fields.get("task") not in tasks:
                 continue
             name = run_name(budget, fields)
-            no_ctx = bool(entry.get("eval_no_context")) or (
-                name in runs and runs[name].eval_no_context
-            )
+            no_ctx = bool(entry.get("eval_no_context"))
+            if name in runs:  # one run listed twice (Figure 5 reuses Table 1's): one union
+                before = runs[name]
+                clash = {k for k in before.fields.keys() & fields.keys()
+                         if before.fields[k] != fields[k]}
+                if clash:
+                    raise UserError(f"grid {path}: run {name} is listed twice with different "
+                                    f"{', '.join(sorted(clash))}; give it one entry")
+                fields = {**before.fields, **fields}
+                no_ctx = no_ctx or before.eval_no_context
             runs[name] = GridRun(name, fields, no_ctx)
     if not runs:
         raise UserError(f"grid {path} selects no runs; check --tasks/--seeds")

@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from musketeers.cache.errors import UserError
+from musketeers.cache.store import SPLITS
+from musketeers.features import cache_root
 from musketeers.reports.grid import Grid
 from musketeers.reports.ledger import timed
 
 log = logging.getLogger(__name__)
-SPLITS = ("train", "val")
 
 
 @dataclass
@@ -44,7 +45,9 @@ def grid_needs(grid: Grid, team_experts: Callable[[str | None, str], list[str]] 
         if f.get("method") == "single":
             continue
         roster = str(f.get("roster", "pocket"))
-        cache_dir = str(f.get("cache_dir", "stores"))
+        # the trainer's own rule (option, else $MUSKETEERS_CACHE_DIR, else stores), so the
+        # grid fills the folder its runs will read
+        cache_dir = str(cache_root(f.get("cache_dir")))
         key = (str(f["task"]), cache_dir, roster)
         need = needs.setdefault(key, TaskNeed(*key))
         for name in team_experts(f.get("team"), roster):
@@ -142,10 +145,13 @@ def ensure_cache(grid: Grid, settings: dict[str, Any] | None,
             if not names and todo:
                 continue
             what = f"{need.task}: {', '.join(names) or 'router'}{' + hints' if hints else ''}"
+            # router only: the grid's own experts (all complete: their fingerprints are checked,
+            # nothing is recomputed), not another team's
+            experts = names or list(need.experts)
             with timed(ledger, "precompute", what):
                 precompute_features(
-                    need.task, roster=need.roster, experts=names or None,
-                    team=None if names else "default", cache_dir=Path(need.cache_dir),
+                    need.task, roster=need.roster, experts=experts or None,
+                    team=None if experts else "default", cache_dir=Path(need.cache_dir),
                     limit=settings.get("limit"), hints=hints,
                     device=settings.get("device", "auto"), dtype=settings.get("dtype", "auto"),
                     gsm8k_dir=gsm8k_dir, router=router)

@@ -12,6 +12,7 @@ from typing import Any
 
 from musketeers.cache.errors import UserError
 from musketeers.cache.items import Item
+from musketeers.cache.store import SPLITS
 
 from .gsm8k import build_gsm8k_items, gsm8k_task_spec
 from .planted import SIZES as PLANTED_SIZES
@@ -27,7 +28,6 @@ from .reasoning_gym_tasks import (
 from .scoring import MAX_ANSWER_CHARS, extract_answer, score
 
 TASKS: tuple[str, ...] = ("arithmetic", "algorithmic", "logic", "gsm8k", "gsm_symbolic", "planted")
-SPLITS: tuple[str, ...] = ("train", "val")
 
 __all__ = [
     "FAMILIES", "MAX_ANSWER_CHARS", "SPLITS", "TASKS", "Item", "build_items", "check_disjoint",
