@@ -185,6 +185,29 @@ def test_report_names_every_run_and_every_failure(tmp_path: Path):
     assert "## Table 1" in text and "## Table 2" in text and "Spearman" in text
 
 
+def test_report_states_how_much_learning_signal_the_runs_had(tmp_path: Path):
+    grid = load_grid(small_grid(tmp_path))
+    runs_dir = tmp_path / "runs"
+    run_grid(grid, runs_dir, partial(fake_train, steps=5), fake_evaluate, IDENTITY)
+    text = write_report(grid, runs_dir, tmp_path / "reports").read_text()
+    assert "Learning signal: on average 10% of the sampled groups" in text  # fake: 0.1/step
+    assert "cannot separate the methods" not in text
+    assert "| train reward | groups without signal |" in text
+    # one of the six runs without any signal: five at 10 % and one at 100 % average 25 %
+    path = runs_dir / grid.runs[0].name / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps({**r, "zero_var_frac": 1.0}) + "\n" for r in rows))
+    text = write_report(grid, runs_dir, tmp_path / "reports").read_text()
+    assert len(grid.runs) == 6
+    assert "on average 25%" in text and "10%–100% across runs" in text
+    for run in grid.runs:
+        p = runs_dir / run.name / "metrics.jsonl"
+        p.write_text("".join(json.dumps({**json.loads(x), "zero_var_frac": 0.9}) + "\n"
+                             for x in p.read_text().splitlines()))
+    assert "cannot separate the methods" in write_report(grid, runs_dir,
+                                                         tmp_path / "reports").read_text()
+
+
 def test_figures_are_readable_pngs(tmp_path: Path):
     grid = load_grid("smoke", seeds=[0, 1], tasks=["arithmetic"])
     runs_dir = tmp_path / "runs"

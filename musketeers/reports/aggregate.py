@@ -54,6 +54,19 @@ class Run:
         return float(sum(m.get("time_s") or 0.0 for m in self.metrics))
 
     @property
+    def no_signal(self) -> float | None:
+        """Fraction of the run's sampled groups whose G rewards were all equal (GRPO's advantage
+        is then 0: no gradient but the KL's), averaged over steps."""
+        vals = [m["zero_var_frac"] for m in self.metrics if m.get("zero_var_frac") is not None]
+        return float(np.mean(vals)) if vals else None
+
+    @property
+    def train_reward(self) -> float | None:
+        """Mean sampled reward over the run's training steps."""
+        vals = [m["reward_mean"] for m in self.metrics if m.get("reward_mean") is not None]
+        return float(np.mean(vals)) if vals else None
+
+    @property
     def spearman(self) -> float | None:
         """ρ(reward, entropy) of this run: the summary's, else computed from its metrics."""
         rho = (self.summary or {}).get("spearman_reward_entropy")

@@ -174,6 +174,7 @@ def _what_was_run(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]:
         f"{', '.join(map(str, steps)) or '—'}",
         f"- Total training wall time (sum over runs): {wall:.0f} s ({wall / 3600:.2f} h)",
         *_measured_wall_time(runs_dir, grid.budget),
+        *learning_signal(runs),
         f"- Report written on: {machine()}",
     ]
     if grid.estimate:
@@ -183,18 +184,45 @@ def _what_was_run(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]:
     return lines
 
 
+def _fmt(value: float | None, spec: str) -> str:
+    return "—" if value is None else format(value, spec)
+
+
 def _runs_table(runs: list[Run]) -> list[str]:
-    lines = ["| run | status | steps | wall time (s) | accuracy (%) | ρ(reward, H) |",
-             "|---|---|---:|---:|---:|---:|"]
+    lines = ["| run | status | steps | wall time (s) | train reward | groups without signal "
+             "| accuracy (%) | ρ(reward, H) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in runs:
         s = r.summary or {}
-        acc = f"{r.accuracy:.2f}" if r.accuracy is not None else "—"
-        rho = f"{r.spearman:+.2f}" if r.spearman is not None else "—"
         wall = r.wall_time if r.metrics or r.summary else None
         lines.append(f"| {r.name} | {r.status.upper() if r.status == 'failed' else r.status} | "
-                     f"{s.get('steps', '—')} | {'—' if wall is None else f'{wall:.0f}'} | "
-                     f"{acc} | {rho} |")
+                     f"{s.get('steps', '—')} | {_fmt(wall, '.0f')} | "
+                     f"{_fmt(r.train_reward, '.3f')} | {_fmt(r.no_signal, '.0%')} | "
+                     f"{_fmt(r.accuracy, '.2f')} | {_fmt(r.spearman, '+.2f')} |")
     return lines
+
+
+# Above this mean fraction of zero-variance groups, the report says the runs barely trained.
+WEAK_SIGNAL = 0.5
+
+
+def learning_signal(runs: list[Run]) -> list[str]:
+    """A plain statement of how much GRPO signal the grid's training had: with every reward
+    of a group equal (all 0, typically) the advantage is 0, and the tables then compare
+    policies that barely moved from their initialisation."""
+    fracs = [r.no_signal for r in runs if r.no_signal is not None]
+    if not fracs:
+        return []
+    mean = float(np.mean(fracs))
+    line = (f"- Learning signal: on average {mean:.0%} of the sampled groups had G equal "
+            f"rewards (zero advantage, no policy gradient), {min(fracs):.0%}–{max(fracs):.0%} "
+            "across runs")
+    if mean > WEAK_SIGNAL:
+        line += ("; most updates carried no reward signal, so these runs stayed close to "
+                 "their initial policies and the tables cannot separate the methods: more "
+                 "steps, a larger policy or more new tokens (the `paper` budget) give the "
+                 "comparison its meaning")
+    return [line]
 
 
 def write_report(grid: Grid, runs_dir: Path, reports_dir: Path) -> Path:
