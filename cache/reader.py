@@ -19,14 +19,18 @@ POOLINGS = ("last", "first_token", "random_token", "first_layer", "random_layer"
 
 
 def _fix(task: str, experts: str | None = None) -> str:
-    ex = f" --experts {experts}" if experts else ""
-    return f"musketeers precompute --task {task}{ex}"
+    return st.precompute_command(task, experts)
 
 
-def open_store(cache_dir: str | Path, task: str) -> zarr.Group:
+def open_store(cache_dir: str | Path, task: str, experts: list[str] | None = None,
+               hints: bool = False) -> zarr.Group:
+    """The task's store. ``experts`` (and ``hints``): what the caller will read, so that a
+    missing store's error names the command that computes exactly that, in that folder."""
     path = st.store_path(cache_dir, task)
     if not path.is_dir():
-        raise UserError(f"no feature cache for task {task!r} at {path}; run: {_fix(task)}")
+        fix = st.precompute_command(task, ",".join(experts or []) or None, cache_dir)
+        raise UserError(f"no feature cache for task {task!r} at {path}; run: {fix}"
+                        + (" --hints" if hints else ""))
     try:
         root = zarr.open_group(path, mode="r")
     except Exception as exc:  # noqa: BLE001
@@ -116,7 +120,7 @@ def pool_from_group(g: zarr.Group, pooling: str, seed: int, expert_index: int,
 def read_vectors(cache_dir: str | Path, task: str, split: str, experts: list[str],
                  pooling: str, seed: int = 0) -> list[np.ndarray]:
     """One [N, d_i] float32 array per expert, in ``experts`` order."""
-    root = open_store(cache_dir, task)
+    root = open_store(cache_dir, task, experts)
     return [
         pool_from_group(_expert_group(root, task, split, e), pooling, seed, i, task, e)
         for i, e in enumerate(experts)
@@ -136,7 +140,7 @@ def read_router(cache_dir: str | Path, task: str, split: str,
 def read_hints(cache_dir: str | Path, task: str, split: str,
                experts: list[str]) -> list[list[str]]:
     """[N][n] greedy answers of each expert (output-level collaboration baseline)."""
-    root = open_store(cache_dir, task)
+    root = open_store(cache_dir, task, experts, hints=True)
     cols = []
     for e in experts:
         g = _expert_group(root, task, split, e)

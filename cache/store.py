@@ -54,9 +54,20 @@ def check_cache_dir(cache_dir: str | Path) -> Path:
     return root
 
 
+def precompute_command(task: str, experts: str | None = None, cache_dir: str | Path | None = None,
+                       force: bool = False) -> str:
+    """The ``musketeers precompute`` command that fills (or, with ``force``, rebuilds) a store;
+    ``--cache-dir`` only when it is not the default ``stores``."""
+    cmd = f"musketeers precompute --task {task}"
+    if experts:
+        cmd += f" --experts {experts}"
+    if cache_dir is not None and Path(cache_dir) != Path("stores"):
+        cmd += f" --cache-dir {cache_dir}"
+    return cmd + (" --force" if force else "")
+
+
 def rebuild_command(task: str, experts: str | None = None) -> str:
-    ex = f" --experts {experts}" if experts else ""
-    return f"musketeers precompute --task {task}{ex} --force"
+    return precompute_command(task, experts, force=True)
 
 
 def open_root(path: Path, task: str, task_spec: dict, force: bool = False) -> zarr.Group:

@@ -59,20 +59,22 @@ def load_split(cfg: TrainConfig, split: str, expert_names: list[str],
     A store missing an expert of the team raises the reader's UserError naming the
     ``musketeers precompute`` command that fills it.
     """
+    names = [] if cfg.method == "single" else list(expert_names)
+    # the experts' arrays first: a missing store's error then names the team's experts
+    hints = arrays = None
+    if cfg.method == "output_collab":
+        hints = reader.read_hints(cfg.cache_dir, cfg.task, split, names)
+    elif names:
+        arrays = reader.read_vectors(cfg.cache_dir, cfg.task, split, names, cfg.pooling,
+                                     seed=cfg.seed)
     items = reader.read_items(cfg.cache_dir, cfg.task, split)
     n = len(items) if limit is None else min(limit, len(items))
     items = items[:n]
     vectors: list[torch.Tensor] = []
     router = None
-    names = list(expert_names)
-    if cfg.method == "single":
-        names = []
-    elif cfg.method == "output_collab":
-        hints = reader.read_hints(cfg.cache_dir, cfg.task, split, names)
+    if hints is not None:
         items = [with_hints(it, hints[i], names) for i, it in enumerate(items)]
-    else:
-        arrays = reader.read_vectors(cfg.cache_dir, cfg.task, split, names, cfg.pooling,
-                                     seed=cfg.seed)
+    elif arrays is not None:
         vectors = [torch.from_numpy(a[:n]).float().contiguous() for a in arrays]
         if cfg.method == "hard_routing":
             router = torch.from_numpy(reader.read_router(cfg.cache_dir, cfg.task, split)[:n])

@@ -227,6 +227,19 @@ def test_missing_expert_names_the_precompute_command(planted_store, tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize("method, tail", [("perceiver", ""), ("output_collab", " --hints")])
+def test_missing_store_names_the_teams_experts_and_folder(tmp_path, method, tail):
+    """The command in the error computes what this run reads, where it reads it."""
+    empty = tmp_path / "elsewhere"
+    cfg = small(method, empty, tmp_path / "r", team_file=None, experts=["tiny-llama", "tiny-gpt2"])
+    fix = (f"run: musketeers precompute --task planted --experts tiny-llama,tiny-gpt2 "
+           f"--cache-dir {empty}{tail}")
+    with pytest.raises(UserError) as err:
+        train(cfg)
+    assert str(err.value).endswith(fix), str(err.value)
+    assert not (tmp_path / "r").exists()
+
+
 def test_live_experts_without_source_is_refused(planted_store, tmp_path):
     with pytest.raises(UserError, match="benchmark"):
         train(small("perceiver", planted_store, tmp_path / "r", live_experts=True))
