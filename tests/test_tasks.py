@@ -175,7 +175,7 @@ def test_gsm8k_missing_folder_names_the_fix(tmp_path, monkeypatch):
             build_items("gsm8k", "train", 2, **kwargs)
         msg = str(err.value)
         assert "--gsm8k-dir" in msg and "MUSKETEERS_GSM8K_DIR" in msg and "gsm_symbolic" in msg
-        assert "\n" not in msg
+        assert "github.com/openai/grade-school-math" in msg and "\n" not in msg
 
 
 @pytest.mark.parametrize("bad_line", [

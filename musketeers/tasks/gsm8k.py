@@ -18,6 +18,8 @@ from musketeers.cache.items import Item
 
 FILES = {"train": "train.jsonl", "val": "test.jsonl"}
 ENV = "MUSKETEERS_GSM8K_DIR"
+WHERE = ("get them from github.com/openai/grade-school-math, grade_school_math/data/; or use "
+         "--task gsm_symbolic, generated offline")
 
 
 def gsm8k_folder(gsm8k_dir: str | Path | None) -> Path:
@@ -26,7 +28,7 @@ def gsm8k_folder(gsm8k_dir: str | Path | None) -> Path:
     if not folder:
         raise UserError(
             f"GSM8K needs its jsonl files: pass --gsm8k-dir DIR or set {ENV} to a folder with "
-            "train.jsonl and test.jsonl (or use --task gsm_symbolic, generated offline)"
+            f"train.jsonl and test.jsonl ({WHERE})"
         )
     return Path(folder).expanduser()
 
@@ -57,7 +59,7 @@ def read_split(folder: Path, split: str, limit: int | None = None) -> list[dict[
     if not path.is_file():
         raise UserError(
             f"GSM8K file not found: {path}; point --gsm8k-dir or {ENV} at a folder with "
-            "train.jsonl and test.jsonl (or use --task gsm_symbolic, generated offline)"
+            f"train.jsonl and test.jsonl ({WHERE})"
         )
     rows: list[dict[str, Any]] = []
     with path.open(encoding="utf-8", errors="surrogateescape") as f:
