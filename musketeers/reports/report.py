@@ -221,7 +221,9 @@ def learning_signal(runs: list[Run]) -> list[str]:
         line += ("; most updates carried no reward signal, so these runs stayed close to "
                  "their initial policies and the tables cannot separate the methods: more "
                  "steps, a larger policy or more new tokens (the `paper` budget) give the "
-                 "comparison its meaning")
+                 "comparison its meaning. Routing still moves in such runs: the KL term's "
+                 "gradient is all there is, and Adam scales even a tiny one to lr-sized steps, "
+                 "so Figure 4's curves there are not shaped by reward")
     return [line]
 
 
