@@ -20,7 +20,7 @@ import yaml
 
 from musketeers.reports.grid import IRRELEVANT, is_finished
 from musketeers.routing import spearman
-from musketeers.runlog import read_metrics
+from musketeers.runlog import mean_or_none, read_metrics
 
 GROUP_FIELDS = ("task", "method", "team", "pooling", "latents")
 
@@ -53,18 +53,20 @@ class Run:
         """Training seconds: the sum of the per-step times."""
         return float(sum(m.get("time_s") or 0.0 for m in self.metrics))
 
+    def metric_mean(self, key: str) -> float | None:
+        """Mean of a metrics.jsonl column over the run's steps (None: no step logged it)."""
+        return mean_or_none([m[key] for m in self.metrics if m.get(key) is not None])
+
     @property
     def no_signal(self) -> float | None:
         """Fraction of the run's sampled groups whose G rewards were all equal (GRPO's advantage
         is then 0: no gradient but the KL's), averaged over steps."""
-        vals = [m["zero_var_frac"] for m in self.metrics if m.get("zero_var_frac") is not None]
-        return float(np.mean(vals)) if vals else None
+        return self.metric_mean("zero_var_frac")
 
     @property
     def train_reward(self) -> float | None:
         """Mean sampled reward over the run's training steps."""
-        vals = [m["reward_mean"] for m in self.metrics if m.get("reward_mean") is not None]
-        return float(np.mean(vals)) if vals else None
+        return self.metric_mean("reward_mean")
 
     @property
     def spearman(self) -> float | None:
