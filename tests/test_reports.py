@@ -225,6 +225,27 @@ def test_figures_are_readable_pngs(tmp_path: Path):
     assert all(label in table2 for label, _, _ in TABLE2) and "FAILED" not in table2
 
 
+def test_no_figure_draws_outside_its_canvas(tmp_path: Path, monkeypatch):
+    """A title wider than its panels is cut off in the PNG: one task and one team are the
+    narrowest figures a partial grid gives."""
+    from musketeers.reports import figures
+
+    grid = load_grid("smoke", seeds=[0], tasks=["arithmetic"])
+    runs_dir = tmp_path / "runs"
+    run_grid(grid, runs_dir, partial(fake_train, steps=5), fake_evaluate, IDENTITY)
+    runs = agg.load_runs(runs_dir)
+    closed = []
+    monkeypatch.setattr(figures.plt, "close", closed.append)
+    for subset in (runs, [r for r in runs if r.config.get("team") in ("default", None)]):
+        figures.all_figures(subset, tmp_path / "figs")
+    assert len(closed) == 6
+    for fig in closed:
+        drawn = fig.get_tightbbox(fig.canvas.get_renderer())
+        canvas = fig.bbox_inches
+        assert (drawn.x0 >= -0.01 and drawn.y0 >= -0.01 and drawn.x1 <= canvas.x1 + 0.01
+                and drawn.y1 <= canvas.y1 + 0.01), (fig.get_suptitle(), drawn, canvas)
+
+
 def test_grid_needs_union_of_experts_hints_and_router(tmp_path: Path):
     grid = load_grid(small_grid(tmp_path), overrides={"cache_dir": str(tmp_path / "none")})
     teams = {"default": ["e1", "e2"]}

@@ -92,7 +92,7 @@ def figure4(runs: list[Run], out_dir: Path, latents: int = 8) -> list[Path]:
         teams = [t for t in FIG4_TEAMS if _fig4_runs(runs, task, t, latents)]
         if not teams:
             continue
-        fig, axes = plt.subplots(3, len(teams), figsize=(4.6 * len(teams), 9.5),
+        fig, axes = plt.subplots(3, len(teams), figsize=(max(5.4, 4.6 * len(teams)), 9.5),
                                  squeeze=False, sharex="col")
         for col, team in enumerate(teams):
             team_runs = _fig4_runs(runs, task, team, latents)
@@ -112,22 +112,26 @@ def figure4(runs: list[Run], out_dir: Path, latents: int = 8) -> list[Path]:
             ax_u.set_ylim(0, 1)
             ax_u.legend(fontsize=7, loc="upper left", ncol=2, framealpha=0.9, title="expert",
                         title_fontsize=7)
-            _band(ax_h, team_runs, ("entropy",), "H", "tab:purple", window)
+            # black, not a tab10 colour: those belong to the experts in the panel above
+            _band(ax_h, team_runs, ("entropy",), "H", "black", window)
             if names:
                 ax_h.axhline(math.log(len(names)), color="grey", ls=":", lw=1,
                              label=f"uniform (ln {len(names)} = {math.log(len(names)):.2f})")
                 ax_h.set_ylim(0, 1.08 * math.log(len(names)))  # H spans 0 (one expert)..ln n
             ax_h.set_ylabel("routing entropy H (nats)")
             ax_h.legend(fontsize=7, loc="lower left")
-            _band(ax_r, team_runs, ("reward_mean",), "reward", "tab:green", window)
+            _band(ax_r, team_runs, ("reward_mean",), "reward", "black", window)
             ax_r.set_ylabel("mean reward (0–1)")
             ax_r.set_ylim(-0.02, 1.02)  # a flat 0 stays visible
             ax_r.set_xlabel(f"training step (GRPO update){_smooth_note(window)}")
             for ax in (ax_u, ax_h, ax_r):
                 ax.grid(alpha=0.3)
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        fig.suptitle(f"Figure 4 — {TASK_TITLES[task]}: expert utilisation, routing entropy and "
-                     "reward over training\n(line: mean over seeds; band: ± sample std)")
+        # One team column is narrower than the one-line title: break it after the task name.
+        sep = " " if len(teams) > 1 else "\n"
+        fig.suptitle(f"Figure 4 — {TASK_TITLES[task]}:{sep}"
+                     "expert utilisation, routing entropy and reward over training\n"
+                     "(line: mean over seeds; band: ± sample std)")
         written.append(_save(fig, out_dir / f"figure4_{task}.png"))
     return written
 
@@ -142,7 +146,8 @@ def figure5(runs: list[Run], out_dir: Path, latents: int = 8) -> Path | None:
             per_task[task] = rs
     if not per_task:
         return _figure5_eval(runs, out_dir, latents)
-    fig, axes = plt.subplots(1, len(per_task), figsize=(5.2 * len(per_task), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(per_task), figsize=(max(6.4, 5.2 * len(per_task)), 4),
+                             squeeze=False)
     for ax, (task, rs) in zip(axes[0], per_task.items(), strict=True):
         window = _window(max(len(r.metrics) for r in rs))
         _band(ax, rs, ("reward_mean",), "with C: π(y | [x ‖ C])", "tab:blue", window)
@@ -155,7 +160,8 @@ def figure5(runs: list[Run], out_dir: Path, latents: int = 8) -> Path | None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle("Figure 5 — reward during training with vs. without context tokens C "
+    # Two lines and a minimum width: a single task gives one panel, narrower than the title.
+    fig.suptitle("Figure 5 — reward during training with vs. without context tokens C\n"
                  "(default team; band: ± sample std over seeds)")
     return _save(fig, out_dir / "figure5_context.png")
 
