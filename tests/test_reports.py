@@ -183,6 +183,10 @@ def test_report_names_every_run_and_every_failure(tmp_path: Path):
     assert "ValueError: no feature cache for task 'logic'" in text
     assert "| t-logic-single-s1 | FAILED |" in text
     assert "## Table 1" in text and "## Table 2" in text and "Spearman" in text
+    # the cell-by-cell comparison is one table, a row per cell with both numbers
+    assert "| table | row | task | ours | paper | verdict |" in text
+    assert "| Table 1 | Single | Logic | " in text
+    assert "(1 seed) (1 FAILED) | 96.88 ± 1.10 | below the paper" in text
 
 
 def test_report_states_how_much_learning_signal_the_runs_had(tmp_path: Path):

@@ -17,6 +17,7 @@ from musketeers.reports.tables import (
     DEFAULT_LATENTS,
     TASK_TITLES,
     TASKS,
+    paper_text,
     table1_cells,
     table1_markdown,
     table2_cells,
@@ -123,18 +124,25 @@ def paper_claims(runs: list[Run], latents: int) -> list[str]:
 
 
 def cell_comparisons(runs: list[Run], latents: int) -> list[str]:
-    lines = []
+    """Every cell with both our number and the paper's, as one table (a list of 40 bullets
+    reads worse than 40 rows)."""
+    rows = []
     for row, cells in table1_cells(runs, latents):
         for task in TASKS:
-            verdict = compare(cells[task], row.paper[task] if row.paper else None)
+            paper = row.paper[task] if row.paper else None
+            verdict = compare(cells[task], paper)
             if verdict:
-                lines.append(f"- Table 1, {row.label}, {TASK_TITLES[task]}: "
-                             f"{cells[task].text()} vs paper — {verdict}.")
+                rows.append(f"| Table 1 | {row.label} | {TASK_TITLES[task]} | "
+                            f"{cells[task].text()} | {paper_text(paper)} | {verdict} |")
     for label, c, paper in table2_cells(runs, latents):
         verdict = compare(c, paper)
         if verdict:
-            lines.append(f"- Table 2, {label}: {c.text()} vs paper — {verdict}.")
-    return lines or ["- No cell has both our result and the paper's yet."]
+            rows.append(f"| Table 2 | {label} | Arithmetic | {c.text()} | {paper_text(paper)} "
+                        f"| {verdict} |")
+    if not rows:
+        return ["- No cell has both our result and the paper's yet."]
+    return ["| table | row | task | ours | paper | verdict |",
+            "|---|---|---|---:|---:|---|", *rows]
 
 
 def _measured_wall_time(runs_dir: Path, budget: str) -> list[str]:
