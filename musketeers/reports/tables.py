@@ -89,7 +89,9 @@ def table1_markdown(runs: list[Run], latents: int = DEFAULT_LATENTS) -> str:
     return (
         f"**Table 1.** Validation accuracy (%) by method and task, mean ± sample std (ddof = 1)"
         f" over seeds; last-token pooling, m = {latents}. Paper: Qwen2.5-3B policy, 3 seeds; "
-        "n/r = not reported in the paper; FAILED = every seed failed; — = not run.\n\n"
+        "n/r = not reported in the paper; FAILED = every seed failed; — = not run. "
+        "The n in a row label is the paper's team size; a budget's own teams can differ "
+        "(see the report's team list).\n\n"
         + "\n".join(lines) + "\n"
     )
 
