@@ -63,7 +63,9 @@ def ablate(
         ensure_cache(g, g.precompute, gsm8k_dir=gsm8k_dir, ledger=ledger)
         result = run_grid(g, runs_dir, ledger=ledger)
         typer.echo(f"{len(result.trained)} trained, {len(result.evaluated)} evaluated, "
-                   f"{len(result.skipped)} already done, {len(result.failed)} failed")
+                   f"{len(result.skipped)} already done, {len(result.failed)} failed"
+                   + (f", {len(result.stale)} stale (set aside under {runs_dir / 'stale'} "
+                      "and run again)" if result.stale else ""))
     path = write_report(g, runs_dir, reports_dir)
     typer.echo(f"report: {path}")
 

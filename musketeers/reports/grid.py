@@ -24,15 +24,15 @@ from typing import Any
 import yaml
 
 from musketeers.cache.errors import UserError
-from musketeers.reports.ledger import timed
+from musketeers.reports.ledger import discard, timed
 
 log = logging.getLogger(__name__)
 
 BUDGETS = ("smoke", "pocket", "paper")
 # Fields that do not change what a method computes; dropped from its run name and its group.
 IRRELEVANT = {
-    "single": ("team", "pooling", "latents"),
-    "output_collab": ("pooling", "latents"),
+    "single": ("team", "pooling", "latents", "context_position"),
+    "output_collab": ("pooling", "latents", "context_position"),  # no C: experts speak in text
     "hard_routing": ("latents",),
 }
 # Order of the fields in a run's name.
@@ -65,6 +65,7 @@ class GridResult:
     evaluated: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
+    stale: list[str] = field(default_factory=list)  # set aside and run again
 
 
 def grid_file(budget: str) -> Path:
@@ -170,6 +171,39 @@ def is_finished(run_dir: Path) -> bool:
     return steps is not None and int(summary.get("steps") or 0) >= int(steps)
 
 
+# TrainConfig fields a finished run may differ in from the grid and still be its run: where
+# files live and what hardware ran it, not what was computed.
+NOT_STALE = ("run_dir", "cache_dir", "device", "threads")
+
+
+def stale_fields(run_dir: Path, cfg: Any) -> dict[str, tuple[Any, Any]]:
+    """{field: (value in the run's config.yaml, value the grid would run now)} for every field
+    that differs, outside NOT_STALE; {} for a folder without config.yaml. A changed default
+    (e.g. where C enters the policy) makes every earlier run of that field stale."""
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return {}
+    saved = yaml.safe_load(path.read_text()) or {}
+    now = _plain(asdict(cfg) if is_dataclass(cfg) else dict(cfg))
+    ignore = {*NOT_STALE, *IRRELEVANT.get(now.get("method"), ())}
+    return {k: (saved[k], now[k]) for k in sorted(saved.keys() & now.keys())
+            if k not in ignore and saved[k] != now[k]}
+
+
+def set_aside(runs_dir: Path, name: str, changed: dict[str, tuple[Any, Any]],
+              ledger: Path | None) -> Path:
+    """Move a stale run to ``<runs_dir>/stale/<name>.<time>`` (kept, out of the report) and
+    mark its earlier calls in the ledger as discarded."""
+    dest = runs_dir / "stale" / f"{name}.{time.strftime('%Y%m%d-%H%M%S')}"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    (runs_dir / name).rename(dest)
+    what = ", ".join(f"{k}: {old!r} → {new!r}" for k, (old, new) in changed.items())
+    log.warning("run %s was made with other settings (%s): moved to %s; running it again",
+                name, what, dest)
+    discard(ledger, name)
+    return dest
+
+
 def run_status(run_dir: Path, no_context: bool = False) -> str:
     """``done`` (trained and evaluated), ``trained`` (needs evaluation), ``failed``, ``missing``."""
     if is_finished(run_dir):
@@ -246,6 +280,9 @@ def run_grid(
 ) -> GridResult:
     """Train and evaluate every run of ``grid`` that has no finished result under ``runs_dir``.
 
+    A run folder whose saved config differs from the grid's (``stale_fields``) is set aside
+    under ``runs_dir/stale`` and run again, so one table never mixes two settings.
+
     A run that raises is recorded (error.txt) and the grid goes on; a failed run is retried the
     next time the grid runs. The three callables default to the trainer, the evaluator and
     the TrainConfig loader; tests inject fakes. Each training and evaluation call's wall time
@@ -257,6 +294,12 @@ def run_grid(
     result = GridResult()
     todo = []
     for run in grid.runs:
+        if (runs_dir / run.name / "config.yaml").is_file():
+            changed = stale_fields(runs_dir / run.name,
+                                   config_fn({**run.fields, "run_dir": str(runs_dir / run.name)}))
+            if changed:
+                result.stale.append(run.name)
+                set_aside(runs_dir, run.name, changed, ledger)
         status = run_status(runs_dir / run.name, run.eval_no_context)
         if status == "done":
             result.skipped.append(run.name)

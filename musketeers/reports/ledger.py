@@ -4,7 +4,8 @@ A pocket grid takes a night and may be stopped and resumed several times, so its
 is not one process's lifetime. Every precompute, training and evaluation call of the grid
 appends one JSON line (phase, name, seconds, whether it finished) to
 ``<runs_dir>/ledger-<budget>.jsonl``; the report sums them. Time spent in a call that failed
-or was interrupted counts too: it was spent.
+or was interrupted counts too: it was spent. Time spent on a run that was later set aside
+as stale (its settings changed) does not: the grid as it stands did not need it.
 """
 
 from __future__ import annotations
@@ -35,29 +36,51 @@ def timed(path: Path | None, phase: str, name: str) -> Iterator[None]:
         yield
         ok = True
     finally:
-        row = {"phase": phase, "name": name, "seconds": round(time.monotonic() - start, 3),
-               "ok": ok, "ended": datetime.now().isoformat(timespec="seconds")}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        _append(path, phase, name, time.monotonic() - start, ok)
+
+
+def discard(path: Path | None, run: str) -> None:
+    """Mark every call recorded so far for ``run`` as discarded: the grid set the run aside
+    as stale and runs it again, so its old calls are not part of the grid's wall time."""
+    if path is not None:
+        _append(path, "stale", run, 0.0, True)
+
+
+def _append(path: Path, phase: str, name: str, seconds: float, ok: bool) -> None:
+    row = {"phase": phase, "name": name, "seconds": round(seconds, 3), "ok": ok,
+           "ended": datetime.now().isoformat(timespec="seconds")}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
 
 
 def totals(path: Path) -> dict[str, float]:
-    """Seconds per phase and ``total`` over every line of the ledger, and ``finished``: the
-    total of the calls that completed, i.e. what one uninterrupted invocation would have
-    taken (less any part of an interrupted precompute its resumption did not redo). {} without
-    a ledger; a torn last line (the process killed mid-write) is skipped."""
+    """Seconds per phase and ``total`` over the ledger's calls, and ``finished``: the total of
+    the calls that completed, i.e. what one uninterrupted invocation would have taken (less
+    any part of an interrupted precompute its resumption did not redo). Calls of a run later
+    set aside as stale (``discard``) count in ``discarded`` only. {} without a ledger; a torn
+    last line (the process killed mid-write) is skipped."""
     if not path.is_file():
         return {}
-    out = dict.fromkeys(PHASES, 0.0)
-    finished = 0.0
+    rows = []
     for line in path.read_text().splitlines():
         try:
-            row = json.loads(line)
+            rows.append(json.loads(line))
         except json.JSONDecodeError:
             continue
-        out[row["phase"]] = out.get(row["phase"], 0.0) + float(row["seconds"])
-        finished += float(row["seconds"]) if row.get("ok") else 0.0
+    last_discard = {row["name"]: i for i, row in enumerate(rows) if row["phase"] == "stale"}
+    out = dict.fromkeys(PHASES, 0.0)
+    finished = discarded = 0.0
+    for i, row in enumerate(rows):
+        if row["phase"] == "stale":
+            continue
+        seconds = float(row["seconds"])
+        if last_discard.get(row["name"].split("/")[0], -1) > i:  # eval names are run/file
+            discarded += seconds
+            continue
+        out[row["phase"]] = out.get(row["phase"], 0.0) + seconds
+        finished += seconds if row.get("ok") else 0.0
     out["total"] = sum(out.values())
     out["finished"] = finished
+    out["discarded"] = discarded
     return out

@@ -154,7 +154,10 @@ def _measured_wall_time(runs_dir: Path, budget: str) -> list[str]:
     return [f"- Measured wall time of this grid's commands: {t['total']:.0f} s "
             f"({t['total'] / 3600:.2f} h: {parts}), summed over every call in `{path.name}`, "
             f"across interrupted and resumed invocations; {t['finished'] / 3600:.2f} h of it "
-            "in calls that finished (the rest was spent in calls that failed or were stopped)"]
+            "in calls that finished (the rest was spent in calls that failed or were stopped)"
+            + (f"; not counted: {t['discarded']:.0f} s ({t['discarded'] / 3600:.2f} h) spent on "
+               "runs later set aside as stale (their settings changed; kept under "
+               "`runs/stale/`) and run again" if t.get("discarded") else "")]
 
 
 def _what_was_run(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]:
