@@ -200,9 +200,12 @@ def test_report_states_how_much_learning_signal_the_runs_had(tmp_path: Path):
     # one of the six runs without any signal: five at 10 % and one at 100 % average 25 %
     path = runs_dir / grid.runs[0].name / "metrics.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()]
-    path.write_text("".join(json.dumps({**r, "zero_var_frac": 1.0}) + "\n" for r in rows))
+    path.write_text("".join(json.dumps({**r, "zero_var_frac": 1.0, "completion_len": 1.0 + i})
+                            + "\n" for i, r in enumerate(rows)))
     text = write_report(grid, runs_dir, tmp_path / "reports").read_text()
     assert len(grid.runs) == 6
+    row = next(line for line in text.splitlines() if line.startswith(f"| {grid.runs[0].name} |"))
+    assert "| 100% | 3.0 |" in row  # mean completion length over steps 1..5: tokens 1..5
     assert "on average 25%" in text and "10%–100% across runs" in text
     for run in grid.runs:
         p = runs_dir / run.name / "metrics.jsonl"

@@ -200,15 +200,17 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def _runs_table(runs: list[Run]) -> list[str]:
+    # completion length: a policy that stops at its first token (no reward, no signal) shows
     lines = ["| run | status | steps | wall time (s) | train reward | groups without signal "
-             "| accuracy (%) | ρ(reward, H) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "| completion (tokens) | accuracy (%) | ρ(reward, H) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in runs:
         s = r.summary or {}
         wall = r.wall_time if r.metrics or r.summary else None
         lines.append(f"| {r.name} | {r.status.upper() if r.status == 'failed' else r.status} | "
                      f"{s.get('steps', '—')} | {_fmt(wall, '.0f')} | "
                      f"{_fmt(r.train_reward, '.3f')} | {_fmt(r.no_signal, '.0%')} | "
+                     f"{_fmt(r.metric_mean('completion_len'), '.1f')} | "
                      f"{_fmt(r.accuracy, '.2f')} | {_fmt(r.spearman, '+.2f')} |")
     return lines
 
