@@ -312,24 +312,22 @@ def test_zero_context_moves_a_real_chat_policy_only_after_its_generation_prompt(
     turn and the header they do (~0.01-0.05 nats). See musketeers.policy's docstring."""
     from musketeers.build import build_policy
     from musketeers.config import resolve_config
+    from musketeers.probe import first_token_kl
 
     cfg = resolve_config(overrides={"policy": "smollm2-135m-instruct", "dtype": "bfloat16",
                                     "device": "cpu"})
     pol = build_policy(cfg)
     ids = pol.encode_prompts([{"system": "Answer in <answer></answer> tags.", "question": q}
                               for q in ("What is 12 + 30?", "Sort 3, 1, 2.", "Is 7 prime?")])
+    assert first_token_kl(pol, ids, 8, "after_prompt") > 1.0
+    assert first_token_kl(pol, ids, 8, "before_generation_prompt") < 0.2
+    assert pol.context_position == "before_generation_prompt"  # the probe restores it
 
-    def first_token(position, m):
-        pol.context_position = position
-        c = None if m == 0 else torch.zeros(len(ids), m, pol.embed_dim)
-        inp = pol.build_inputs(ids, c)
-        with torch.no_grad():
-            logits = pol.model(inputs_embeds=inp.inputs_embeds, attention_mask=inp.attention_mask,
-                               position_ids=inp.position_ids).logits[:, -1]
-        return torch.log_softmax(logits.float(), -1)
 
-    base = first_token("before_generation_prompt", 0)
-    kl = {pos: (base.exp() * (base - first_token(pos, 8))).sum(-1).mean().item()
-          for pos in ("after_prompt", "before_generation_prompt")}
-    assert kl["after_prompt"] > 1.0, kl
-    assert kl["before_generation_prompt"] < 0.2, kl
+def test_first_token_kl_is_zero_exactly_when_nothing_moves():
+    from musketeers.probe import first_token_kl
+
+    pol = make_policy(randomize_lora=False)
+    ids = pol.encode_prompts(PROMPTS)
+    assert first_token_kl(pol, ids, 0, "after_prompt") == pytest.approx(0.0, abs=1e-6)
+    assert first_token_kl(pol, ids, 2, "after_prompt") > 1e-4
