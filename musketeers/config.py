@@ -20,10 +20,9 @@ from musketeers.cache.errors import UserError
 
 SCHEDULERS = ("constant", "linear", "cosine")
 DTYPES = ("float32", "bfloat16", "float16")
-
-
 # Where C enters the policy's prefix (musketeers.policy.Policy.build_inputs).
 CONTEXT_POSITIONS = ("before_generation_prompt", "after_prompt", "before_prompt")
+
 
 @dataclass
 class TrainConfig:

@@ -23,9 +23,10 @@ def first_token_kl(policy, prompt_ids: list[list[int]], m: int, position: str) -
     def log_probs(context: torch.Tensor | None) -> torch.Tensor:
         inp = policy.build_inputs(prompt_ids, context)
         with torch.no_grad():
+            # the LM head at the prefix's last position only, as Policy's prefill does
             logits = policy.model(inputs_embeds=inp.inputs_embeds,
                                   attention_mask=inp.attention_mask,
-                                  position_ids=inp.position_ids).logits[:, -1]
+                                  position_ids=inp.position_ids, logits_to_keep=1).logits[:, -1]
         return torch.log_softmax(logits.float(), -1)
 
     try:
