@@ -2,7 +2,10 @@
 
 accuracy = mean task score over the cached ``val`` split (one greedy completion per prompt).
 ``no_context`` drops C from the prompt: π_θ(y | x) against π_θ(y | [x ‖ C]), the paper's
-Figure 5 comparison. Written to ``RUN_DIR/eval.json`` / ``eval_no_context.json``.
+Figure 5 comparison. Written to ``RUN_DIR/eval.json`` / ``eval_no_context.json``, with every
+completion beside it (``eval_samples.jsonl`` / ``eval_no_context_samples.jsonl``: question,
+gold answer, completion, extracted answer, score), so a low accuracy can be read, not guessed:
+``answered`` is the share of completions with an ``<answer>…</answer>`` to grade at all.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from musketeers.build import PolicyFactory, build_components
 from musketeers.cache.errors import UserError
 from musketeers.cache.progress import progress
 from musketeers.config import read_run_config
+from musketeers.tasks import extract_answer
 from musketeers.trainer import adapter_context, policy_score
 
 
@@ -38,8 +42,7 @@ def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = Fals
     if adapter is not None:
         adapter.eval()  # hard routing: argmax instead of Gumbel sampling
     use_adapter = None if no_context else adapter
-    scores: list[float] = []
-    lengths: list[int] = []
+    samples: list[dict[str, Any]] = []
     with progress(f"eval {run_dir.name}", total=len(data), unit="items") as bar, \
             torch.no_grad():
         for start in range(0, len(data), batch_size):
@@ -48,18 +51,25 @@ def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = Fals
             context, _ = adapter_context(use_adapter, vectors, router, cfg.device)
             comps = policy.generate(policy.encode_prompts(items), context, group_size=1,
                                     max_new_tokens=cfg.max_new_tokens, greedy=True)
-            scores += [policy_score(it, policy.decode(c)) for it, c in zip(items, comps,
-                                                                            strict=True)]
-            lengths += [len(c) for c in comps]
+            for it, c in zip(items, comps, strict=True):
+                text = policy.decode(c)
+                samples.append({"id": it.id, "source": it.source, "question": it.question,
+                                "gold": it.answer, "completion": text, "tokens": len(c),
+                                "answer": extract_answer(text),
+                                "score": policy_score(it, text)})
             bar.advance(len(items))
+    n = max(len(samples), 1)
     result = {
-        "accuracy": sum(scores) / max(len(scores), 1),
-        "n": len(scores),
-        "completion_len": sum(lengths) / max(len(lengths), 1),
+        "accuracy": sum(s["score"] for s in samples) / n,
+        "n": len(samples),
+        "completion_len": sum(s["tokens"] for s in samples) / n,
+        "answered": sum(s["answer"] is not None for s in samples) / n,
         "context": not no_context and adapter is not None,
         "method": cfg.method,
         "checkpoint": last.name,
     }
-    name = "eval_no_context.json" if no_context else "eval.json"
-    (run_dir / name).write_text(json.dumps(result, indent=2))
+    name = "eval_no_context" if no_context else "eval"
+    with open(run_dir / f"{name}_samples.jsonl", "w") as f:
+        f.writelines(json.dumps(s) + "\n" for s in samples)
+    (run_dir / f"{name}.json").write_text(json.dumps(result, indent=2))
     return result

@@ -202,10 +202,15 @@ def test_report_states_how_much_learning_signal_the_runs_had(tmp_path: Path):
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     path.write_text("".join(json.dumps({**r, "zero_var_frac": 1.0, "completion_len": 1.0 + i})
                             + "\n" for i, r in enumerate(rows)))
+    ev = runs_dir / grid.runs[0].name / "eval.json"
+    ev.write_text(json.dumps({**json.loads(ev.read_text()), "answered": 0.25}))
     text = write_report(grid, runs_dir, tmp_path / "reports").read_text()
     assert len(grid.runs) == 6
     row = next(line for line in text.splitlines() if line.startswith(f"| {grid.runs[0].name} |"))
-    assert "| 100% | 3.0 |" in row  # mean completion length over steps 1..5: tokens 1..5
+    # mean completion length over steps 1..5 (tokens 1..5), then the share with <answer> tags
+    assert "| 100% | 3.0 | 25 |" in row
+    other = next(line for line in text.splitlines() if line.startswith(f"| {grid.runs[1].name} |"))
+    assert "| 10% | " in other and " | — | " in other  # an eval.json without "answered"
     assert "on average 25%" in text and "10%–100% across runs" in text
     for run in grid.runs:
         p = runs_dir / run.name / "metrics.jsonl"

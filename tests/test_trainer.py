@@ -13,6 +13,7 @@ from musketeers import checkpoint as ckpt
 from musketeers.build import build_components
 from musketeers.cache.errors import UserError
 from musketeers.planted import planted_config, write_planted_store
+from musketeers.tasks import extract_answer
 from musketeers.trainer import NonFiniteError, train
 
 TIMING = {"time_s"}
@@ -214,6 +215,14 @@ def test_eval_writes_accuracy_with_and_without_context(planted_store, tmp_path):
     assert 0.0 <= with_c["accuracy"] <= 1.0
     assert json.loads((run / "eval.json").read_text()) == with_c
     assert (run / "eval_no_context.json").is_file()
+    # every completion is kept beside the accuracy, and the accuracy is their mean score
+    rows = [json.loads(x) for x in (run / "eval_samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 8 and len({r["id"] for r in rows}) == 8
+    assert sum(r["score"] for r in rows) / 8 == pytest.approx(with_c["accuracy"])
+    assert sum(r["tokens"] for r in rows) / 8 == pytest.approx(with_c["completion_len"])
+    assert all(r["answer"] == extract_answer(r["completion"]) and r["gold"] for r in rows)
+    assert with_c["answered"] == sum(r["answer"] is not None for r in rows) / 8
+    assert (run / "eval_no_context_samples.jsonl").is_file()
     with pytest.raises(UserError, match="limit"):
         evaluate(run, limit=0)
 

@@ -49,6 +49,13 @@ class Run:
         return None if self.eval is None else 100.0 * float(self.eval["accuracy"])
 
     @property
+    def answered(self) -> float | None:
+        """Percent of greedy validation completions with an ``<answer>`` to grade (None: an
+        eval.json written before evaluation counted them)."""
+        share = None if self.eval is None else self.eval.get("answered")
+        return None if share is None else 100.0 * float(share)
+
+    @property
     def wall_time(self) -> float:
         """Training seconds: the sum of the per-step times."""
         return float(sum(m.get("time_s") or 0.0 for m in self.metrics))

@@ -201,9 +201,10 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def _runs_table(runs: list[Run]) -> list[str]:
     # completion length: a policy that stops at its first token (no reward, no signal) shows
+    # here; "answered": a policy that never writes <answer> tags scores 0 whatever it knows
     lines = ["| run | status | steps | wall time (s) | train reward | groups without signal "
-             "| completion (tokens) | accuracy (%) | ρ(reward, H) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| completion (tokens) | answered (%) | accuracy (%) | ρ(reward, H) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in runs:
         s = r.summary or {}
         wall = r.wall_time if r.metrics or r.summary else None
@@ -211,7 +212,8 @@ def _runs_table(runs: list[Run]) -> list[str]:
                      f"{s.get('steps', '—')} | {_fmt(wall, '.0f')} | "
                      f"{_fmt(r.train_reward, '.3f')} | {_fmt(r.no_signal, '.0%')} | "
                      f"{_fmt(r.metric_mean('completion_len'), '.1f')} | "
-                     f"{_fmt(r.accuracy, '.2f')} | {_fmt(r.spearman, '+.2f')} |")
+                     f"{_fmt(r.answered, '.0f')} | {_fmt(r.accuracy, '.2f')} | "
+                     f"{_fmt(r.spearman, '+.2f')} |")
     return lines
 
 
@@ -264,7 +266,8 @@ def write_report(grid: Grid, runs_dir: Path, reports_dir: Path) -> Path:
         for path in figs[key]:
             md += [f"![{caption}: {path.stem}]({path.name})", ""]
     md += ["## Spearman ρ(reward, routing entropy) per task", "",
-           f"Computed per run over its training trajectory, then averaged (paper: mean ρ = "
+           f"Computed per Perceiver run (Ours: every team, pooling and m) over its training "
+           f"trajectory, then averaged (paper: mean ρ = "
            f"{PAPER_SPEARMAN} across tasks).", ""]
     for task in TASKS:
         routed = [r for r in runs if r.config.get("task") == task
@@ -278,7 +281,7 @@ def write_report(grid: Grid, runs_dir: Path, reports_dir: Path) -> Path:
             text = (f"undefined in all {len(routed)} runs (reward or entropy constant over "
                     "training)")
         else:
-            text = "— (no runs)"
+            text = "— (no Perceiver run finished)"
         md.append(f"- {TASK_TITLES[task]}: {text}")
     md += ["", "## Agreement with the paper", "", "Findings:", "",
            *paper_claims(runs, latents), "", "Cells:", "", *cell_comparisons(runs, latents),
