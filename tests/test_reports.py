@@ -211,6 +211,8 @@ def test_report_states_how_much_learning_signal_the_runs_had(tmp_path: Path):
     assert "| 100% | 3.0 | 25 |" in row
     other = next(line for line in text.splitlines() if line.startswith(f"| {grid.runs[1].name} |"))
     assert "| 10% | " in other and " | — | " in other  # an eval.json without "answered"
+    assert "Answer format: 25% of the greedy validation completions" in text
+    assert "25%–25% over 1 run with that count" in text
     assert "on average 25%" in text and "10%–100% across runs" in text
     for run in grid.runs:
         p = runs_dir / run.name / "metrics.jsonl"

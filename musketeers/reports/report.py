@@ -239,7 +239,14 @@ def learning_signal(runs: list[Run]) -> list[str]:
                  "comparison its meaning. Routing still moves in such runs: the KL term's "
                  "gradient is all there is, and Adam scales even a tiny one to lr-sized steps, "
                  "so Figure 4's curves there are not shaped by reward")
-    return [line]
+    shares = [r.answered for r in runs if r.answered is not None]
+    if not shares:
+        return [line]
+    return [line, f"- Answer format: {np.mean(shares):.0f}% of the greedy validation "
+            f"completions wrote an `<answer>…</answer>` for the scorer to grade "
+            f"({min(shares):.0f}%–{max(shares):.0f}% over {len(shares)} "
+            f"run{'s' * (len(shares) != 1)} with that count); the rest score 0 whatever they "
+            "say. Each run's completions are in its `eval_samples.jsonl`"]
 
 
 def write_report(grid: Grid, runs_dir: Path, reports_dir: Path) -> Path:
