@@ -5,7 +5,8 @@ accuracy = mean task score over the cached ``val`` split (one greedy completion 
 Figure 5 comparison. Written to ``RUN_DIR/eval.json`` / ``eval_no_context.json``, with every
 completion beside it (``eval_samples.jsonl`` / ``eval_no_context_samples.jsonl``: question,
 gold answer, completion, extracted answer, score), so a low accuracy can be read, not guessed:
-``answered`` is the share of completions with an ``<answer>…</answer>`` to grade at all.
+``answered`` is the share of completions with an ``<answer>…</answer>`` to grade at all,
+``truncated`` the share cut off at ``max_new_tokens`` before an end-of-turn token.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = Fals
                 text = policy.decode(c)
                 samples.append({"id": it.id, "source": it.source, "question": it.question,
                                 "gold": it.answer, "completion": text, "tokens": len(c),
+                                "ended": bool(c) and c[-1] in policy.eos_ids,
                                 "answer": extract_answer(text),
                                 "score": policy_score(it, text)})
             bar.advance(len(items))
@@ -64,6 +66,7 @@ def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = Fals
         "n": len(samples),
         "completion_len": sum(s["tokens"] for s in samples) / n,
         "answered": sum(s["answer"] is not None for s in samples) / n,
+        "truncated": sum(not s["ended"] for s in samples) / n,
         "context": not no_context and adapter is not None,
         "method": cfg.method,
         "checkpoint": last.name,

@@ -203,16 +203,18 @@ def test_report_states_how_much_learning_signal_the_runs_had(tmp_path: Path):
     path.write_text("".join(json.dumps({**r, "zero_var_frac": 1.0, "completion_len": 1.0 + i})
                             + "\n" for i, r in enumerate(rows)))
     ev = runs_dir / grid.runs[0].name / "eval.json"
-    ev.write_text(json.dumps({**json.loads(ev.read_text()), "answered": 0.25}))
+    ev.write_text(json.dumps({**json.loads(ev.read_text()), "answered": 0.25,
+                              "truncated": 0.5}))
     text = write_report(grid, runs_dir, tmp_path / "reports").read_text()
     assert len(grid.runs) == 6
     row = next(line for line in text.splitlines() if line.startswith(f"| {grid.runs[0].name} |"))
     # mean completion length over steps 1..5 (tokens 1..5), then the share with <answer> tags
-    assert "| 100% | 3.0 | 25 |" in row
+    assert "| 100% | 3.0 | 25 | 50 |" in row
     other = next(line for line in text.splitlines() if line.startswith(f"| {grid.runs[1].name} |"))
-    assert "| 10% | " in other and " | — | " in other  # an eval.json without "answered"
-    assert "Answer format: 25% of the greedy validation completions" in text
-    assert "25%–25% over 1 run with that count" in text
+    assert "| 10% | " in other and " | — | — | " in other  # an eval.json without the counts
+    assert ("Answer format: of the greedy validation completions, 25% wrote an `<answer>…"
+            "</answer>` for the scorer to grade (25%–25% over 1 run with that count); 50% ran "
+            "out of new tokens") in text
     assert "on average 25%" in text and "10%–100% across runs" in text
     for run in grid.runs:
         p = runs_dir / run.name / "metrics.jsonl"

@@ -12,6 +12,7 @@ import torch
 from musketeers import checkpoint as ckpt
 from musketeers.build import build_components
 from musketeers.cache.errors import UserError
+from musketeers.config import read_run_config
 from musketeers.planted import planted_config, write_planted_store
 from musketeers.tasks import extract_answer
 from musketeers.trainer import NonFiniteError, train
@@ -222,6 +223,9 @@ def test_eval_writes_accuracy_with_and_without_context(planted_store, tmp_path):
     assert sum(r["tokens"] for r in rows) / 8 == pytest.approx(with_c["completion_len"])
     assert all(r["answer"] == extract_answer(r["completion"]) and r["gold"] for r in rows)
     assert with_c["answered"] == sum(r["answer"] is not None for r in rows) / 8
+    # cut off = ran to max_new_tokens without an end-of-turn token
+    assert with_c["truncated"] == sum(not r["ended"] for r in rows) / 8
+    assert all(r["ended"] or r["tokens"] == read_run_config(run).max_new_tokens for r in rows)
     assert (run / "eval_no_context_samples.jsonl").is_file()
     with pytest.raises(UserError, match="limit"):
         evaluate(run, limit=0)

@@ -48,11 +48,11 @@ class Run:
         """Validation accuracy in percent (the paper's unit)."""
         return None if self.eval is None else 100.0 * float(self.eval["accuracy"])
 
-    @property
-    def answered(self) -> float | None:
-        """Percent of greedy validation completions with an ``<answer>`` to grade (None: an
-        eval.json written before evaluation counted them)."""
-        share = None if self.eval is None else self.eval.get("answered")
+    def eval_share(self, key: str) -> float | None:
+        """A share of eval.json in percent: ``answered`` (greedy validation completions with an
+        ``<answer>`` to grade) or ``truncated`` (cut off at max_new_tokens); None when the
+        eval.json was written before evaluation counted it."""
+        share = None if self.eval is None else self.eval.get(key)
         return None if share is None else 100.0 * float(share)
 
     @property

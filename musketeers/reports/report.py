@@ -203,8 +203,9 @@ def _runs_table(runs: list[Run]) -> list[str]:
     # completion length: a policy that stops at its first token (no reward, no signal) shows
     # here; "answered": a policy that never writes <answer> tags scores 0 whatever it knows
     lines = ["| run | status | steps | wall time (s) | train reward | groups without signal "
-             "| completion (tokens) | answered (%) | accuracy (%) | ρ(reward, H) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| completion (tokens) | answered (%) | truncated (%) | accuracy (%) "
+             "| ρ(reward, H) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in runs:
         s = r.summary or {}
         wall = r.wall_time if r.metrics or r.summary else None
@@ -212,7 +213,8 @@ def _runs_table(runs: list[Run]) -> list[str]:
                      f"{s.get('steps', '—')} | {_fmt(wall, '.0f')} | "
                      f"{_fmt(r.train_reward, '.3f')} | {_fmt(r.no_signal, '.0%')} | "
                      f"{_fmt(r.metric_mean('completion_len'), '.1f')} | "
-                     f"{_fmt(r.answered, '.0f')} | {_fmt(r.accuracy, '.2f')} | "
+                     f"{_fmt(r.eval_share('answered'), '.0f')} | "
+                     f"{_fmt(r.eval_share('truncated'), '.0f')} | {_fmt(r.accuracy, '.2f')} | "
                      f"{_fmt(r.spearman, '+.2f')} |")
     return lines
 
@@ -239,14 +241,25 @@ def learning_signal(runs: list[Run]) -> list[str]:
                  "comparison its meaning. Routing still moves in such runs: the KL term's "
                  "gradient is all there is, and Adam scales even a tiny one to lr-sized steps, "
                  "so Figure 4's curves there are not shaped by reward")
-    shares = [r.answered for r in runs if r.answered is not None]
-    if not shares:
-        return [line]
-    return [line, f"- Answer format: {np.mean(shares):.0f}% of the greedy validation "
-            f"completions wrote an `<answer>…</answer>` for the scorer to grade "
-            f"({min(shares):.0f}%–{max(shares):.0f}% over {len(shares)} "
-            f"run{'s' * (len(shares) != 1)} with that count); the rest score 0 whatever they "
-            "say. Each run's completions are in its `eval_samples.jsonl`"]
+    return [line, *answer_format(runs)]
+
+
+def answer_format(runs: list[Run]) -> list[str]:
+    """Why greedy accuracy is low, when it is: completions without an ``<answer>`` score 0,
+    and a completion cut off at max_new_tokens rarely reached one."""
+    out = []
+    for key, what in (("answered", "wrote an `<answer>…</answer>` for the scorer to grade"),
+                      ("truncated", "ran out of new tokens before ending")):
+        shares = [v for r in runs if (v := r.eval_share(key)) is not None]
+        if shares:
+            out.append(f"{np.mean(shares):.0f}% {what} ({min(shares):.0f}%–"
+                       f"{max(shares):.0f}% over {len(shares)} run{'s' * (len(shares) != 1)} "
+                       "with that count)")
+    if not out:
+        return []
+    return [f"- Answer format: of the greedy validation completions, {'; '.join(out)}. "
+            "A completion without an answer scores 0 whatever it says; each run's completions "
+            "are in its `eval_samples.jsonl`"]
 
 
 def write_report(grid: Grid, runs_dir: Path, reports_dir: Path) -> Path:
