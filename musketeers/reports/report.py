@@ -229,7 +229,7 @@ def learning_signal(runs: list[Run]) -> list[str]:
     policies that barely moved from their initialisation."""
     fracs = [r.no_signal for r in runs if r.no_signal is not None]
     if not fracs:
-        return []
+        return answer_format(runs)
     mean = float(np.mean(fracs))
     line = (f"- Learning signal: on average {mean:.0%} of the sampled groups had G equal "
             f"rewards (zero advantage, no policy gradient), {min(fracs):.0%}–{max(fracs):.0%} "
