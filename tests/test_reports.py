@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from functools import partial
 from pathlib import Path
@@ -177,7 +178,15 @@ def test_report_names_every_run_and_every_failure(tmp_path: Path):
         return fake_train(fields, steps=5)
 
     run_grid(grid, runs_dir, train, fake_evaluate, IDENTITY)
+    # left by an earlier report: an old figure goes, the user's own file stays
+    out = tmp_path / "reports" / grid.budget
+    out.mkdir(parents=True)
+    (out / "figure4_gsm8k.png").write_bytes(b"old")
+    (out / "notes.md").write_text("mine")
     text = write_report(grid, runs_dir, tmp_path / "reports").read_text()
+    assert not (out / "figure4_gsm8k.png").exists() and (out / "notes.md").read_text() == "mine"
+    assert sorted(p.name for p in out.glob("figure*.png")) == sorted(
+        re.findall(r"\]\((figure\w+\.png)\)", text))
     for run in grid.runs:
         assert run.name in text
     assert "ValueError: no feature cache for task 'logic'" in text

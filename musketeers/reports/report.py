@@ -272,6 +272,12 @@ def write_report(grid: Grid, runs_dir: Path, reports_dir: Path) -> Path:
     (out / "table1.md").write_text(t1)
     (out / "table2.md").write_text(t2)
     figs = all_figures(runs, out, latents)
+    # a figure an earlier report drew (e.g. from runs since set aside as stale) must not sit
+    # beside this report as if it were current
+    drawn = {p.name for paths in figs.values() for p in paths}
+    for old in out.glob("figure*.png"):
+        if old.name not in drawn:
+            old.unlink()
     md = [f"# Ablations — budget `{grid.budget}`", "", "## What was run", "",
           *_what_was_run(grid, runs, Path(runs_dir)), "",
           "Accuracy is greedy validation accuracy in %; "
