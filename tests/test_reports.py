@@ -15,17 +15,18 @@ import yaml
 
 from musketeers.cache.errors import UserError
 from musketeers.reports import aggregate as agg
+from musketeers.reports.claims import compare, paper_claims, within_noise
 from musketeers.reports.fake import fake_evaluate, fake_train
 from musketeers.reports.grid import load_grid, run_grid, run_name, run_status
 from musketeers.reports.needs import grid_needs, missing, open_task_store
-from musketeers.reports.report import compare, write_report
+from musketeers.reports.report import write_report
 from musketeers.reports.tables import TABLE1, TABLE2, TASK_TITLES, table1_markdown
 
 IDENTITY = lambda fields: fields  # noqa: E731 - the fakes take the fields dict as config
 
 
 def write_run(root: Path, name: str, acc: float | None, rewards=(0.1, 0.2, 0.3),
-              entropy=(1.0, 0.8, 0.5), error: str | None = None, **cfg) -> Path:
+              entropy=(1.0, 0.8, 0.5), error: str | None = None, n: int = 10, **cfg) -> Path:
     """A run folder by hand, exactly per the run-folder contract."""
     d = root / name
     d.mkdir(parents=True)
@@ -39,7 +40,7 @@ def write_run(root: Path, name: str, acc: float | None, rewards=(0.1, 0.2, 0.3),
         return d
     (d / "summary.json").write_text(json.dumps({"steps": len(rewards)}))
     if acc is not None:
-        (d / "eval.json").write_text(json.dumps({"accuracy": acc, "n": 10, "split": "val"}))
+        (d / "eval.json").write_text(json.dumps({"accuracy": acc, "n": n, "split": "val"}))
     return d
 
 
@@ -99,6 +100,28 @@ def test_compare_against_the_paper():
     run = agg.Run("x", Path("x"), {}, "done", eval={"accuracy": 0.52})
     assert compare(agg.Cell([run]), (50.0, 3.0)).startswith("agrees")
     assert compare(agg.Cell([run]), (60.0, 3.0)).startswith("below the paper by 8.00")
+
+
+def test_verdicts_say_when_a_difference_is_within_evaluation_noise(tmp_path: Path):
+    single = {**KEY, "method": "single"}
+    write_run(tmp_path / "small", "single", 0.0, n=64, **single)
+    write_run(tmp_path / "small", "ours", 2 / 64, n=64, **KEY)
+    write_run(tmp_path / "large", "single", 0.0, n=1000, **single)
+    write_run(tmp_path / "large", "ours", 2 / 64, n=1000, **KEY)
+    small = agg.load_runs(tmp_path / "small")
+    ours, base = agg.cell(small, **KEY), agg.cell(small, **single)
+    # SE = 100·sqrt(p(1 − p)/N) = 100·sqrt(0.03125·0.96875/64) = 2.1748; Single's is 0
+    assert ours.items == 64 and ours.item_se == pytest.approx(2.1748, abs=1e-3)
+    assert base.item_se == 0.0
+    noise, why = within_noise(ours, base)
+    assert noise and "3.12 points, is within 2 SE (4.35)" in why
+    claim = paper_claims(small, 8)[0]
+    assert "**holds here, but within noise**" in claim
+    # the same 3.12 points on 1,000 items each: SE = 0.55, 2 SE = 1.10, a finding
+    big = paper_claims(agg.load_runs(tmp_path / "large"), 8)[0]
+    assert "**holds here**" in big and "exceeds 2 SE (1.10)" in big
+    # a run that does not say how many items it graded gives no noise estimate
+    assert agg.Cell([agg.Run("x", tmp_path, {}, "done", eval={"accuracy": 0.5})]).item_se is None
 
 
 def test_grid_expands_dedups_and_filters():

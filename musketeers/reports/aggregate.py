@@ -145,6 +145,13 @@ def mean_std(values: list[float]) -> tuple[float, float | None]:
     return float(arr.mean()), (float(arr.std(ddof=1)) if arr.size > 1 else None)
 
 
+def bernoulli_se(p: float, n: int) -> float:
+    """sqrt(p(1 − p) / n): the largest standard error of a mean of n scores in [0, 1] with
+    mean p (a score in [0, 1] has variance at most p(1 − p), equal for 0/1 scores)."""
+    p = min(max(p, 0.0), 1.0)
+    return math.sqrt(p * (1.0 - p) / n)
+
+
 @dataclass
 class Cell:
     """One table cell: accuracy over the seeds of one configuration."""
@@ -166,6 +173,25 @@ class Cell:
     @property
     def std(self) -> float | None:
         return mean_std(self.values)[1]
+
+    @property
+    def items(self) -> int:
+        """Validation items graded, summed over the seeds that finished."""
+        return sum(int((r.eval or {}).get("n") or 0) for r in self.runs
+                   if r.status == "done" and r.accuracy is not None)
+
+    @property
+    def item_se(self) -> float | None:
+        """Standard error (points) of the mean from the finite validation set alone.
+
+        A score lies in [0, 1], so with mean p its variance is at most p(1 − p) (exactly that
+        for 0/1 scores): over N graded items, SE ≤ 100·sqrt(p(1 − p) / N). Seeds add their own
+        variance on top, so this is the least a difference between two cells must clear. None
+        when no run says how many items it graded.
+        """
+        if not self.values or not self.items:
+            return None
+        return 100.0 * bernoulli_se(self.mean / 100.0, self.items)
 
     def text(self) -> str:
         """``75.26 ± 5.62``; ``FAILED`` if no seed finished but one failed; ``—`` if none ran."""
