@@ -120,6 +120,8 @@ def test_verdicts_say_when_a_difference_is_within_evaluation_noise(tmp_path: Pat
     # the same 3.12 points on 1,000 items each: SE = 0.55, 2 SE = 1.10, a finding
     big = paper_claims(agg.load_runs(tmp_path / "large"), 8)[0]
     assert "**holds here**" in big and "exceeds 2 SE (1.10)" in big
+    # a tie is no finding either way, whatever its SE (here 0: both cells scored 0)
+    assert within_noise(base, base) == (True, "no difference at all, over 64 and 64 graded items")
     # a run that does not say how many items it graded gives no noise estimate
     assert agg.Cell([agg.Run("x", tmp_path, {}, "done", eval={"accuracy": 0.5})]).item_se is None
 

@@ -57,6 +57,8 @@ def _noise(a: float, se_a: float, b: float, se_b: float, unit: str,
            counts: str) -> tuple[bool, str]:
     two_se = 2.0 * math.sqrt(se_a**2 + se_b**2)
     diff, f = abs(a - b), (".2f" if unit == "points" else ".3f")
+    if diff == 0:
+        return True, f"no difference at all, over {counts}"
     if diff > two_se:
         return False, f"the difference, {diff:{f}} {unit}, exceeds 2 SE ({two_se:{f}})"
     return True, f"the difference, {diff:{f}} {unit}, is within 2 SE ({two_se:{f}}) of {counts}"
