@@ -159,8 +159,13 @@ class Cell:
     runs: list[Run]
 
     @property
+    def graded(self) -> list[Run]:
+        """The seeds that finished and were evaluated."""
+        return [r for r in self.runs if r.status == "done" and r.accuracy is not None]
+
+    @property
     def values(self) -> list[float]:
-        return [r.accuracy for r in self.runs if r.status == "done" and r.accuracy is not None]
+        return [r.accuracy for r in self.graded]
 
     @property
     def failed(self) -> list[Run]:
@@ -177,8 +182,7 @@ class Cell:
     @property
     def items(self) -> int:
         """Validation items graded, summed over the seeds that finished."""
-        return sum(int((r.eval or {}).get("n") or 0) for r in self.runs
-                   if r.status == "done" and r.accuracy is not None)
+        return sum(int((r.eval or {}).get("n") or 0) for r in self.graded)
 
     @property
     def item_se(self) -> float | None:
@@ -229,9 +233,14 @@ def spearman_reward_entropy(metrics: list[dict[str, Any]]) -> float | None:
     return None if math.isnan(rho) else rho
 
 
+def spearmans(runs: list[Run]) -> list[float]:
+    """ρ of each finished run where it is defined."""
+    return [r.spearman for r in runs if r.status == "done" and r.spearman is not None]
+
+
 def mean_spearman(runs: list[Run]) -> tuple[float | None, int]:
     """ρ computed per run, then averaged (the paper's protocol); returns (mean, runs used)."""
-    rhos = [r.spearman for r in runs if r.status == "done" and r.spearman is not None]
+    rhos = spearmans(runs)
     return (float(np.mean(rhos)) if rhos else None), len(rhos)
 
 

@@ -13,9 +13,10 @@ from musketeers.reports.aggregate import (
     Run,
     bernoulli_se,
     cell,
-    mean_spearman,
+    mean_std,
     select,
     series,
+    spearmans,
 )
 from musketeers.reports.figures import LATENTS
 from musketeers.reports.tables import TASK_TITLES, TASKS, paper_text, table1_cells, table2_cells
@@ -106,11 +107,11 @@ def paper_claims(runs: list[Run], latents: int) -> list[str]:
                           detail, noise))
     else:
         out.append(_claim("§4.2: on Logic, Single is the best method", None, ""))
-    routed = [r for r in runs if r.config.get("method") in ROUTED]
-    rho, n = mean_spearman(routed)
-    rhos = [r.spearman for r in routed if r.status == "done" and r.spearman is not None]
+    rhos = spearmans([r for r in runs if r.config.get("method") in ROUTED])
+    rho, sd = mean_std(rhos) if rhos else (None, None)
+    n = len(rhos)
     # the runs' spread is the noise here: is the mean ρ more than 2 SE (std / √n) from 0?
-    se = float(np.std(rhos, ddof=1) / math.sqrt(n)) if n > 1 else None
+    se = sd / math.sqrt(n) if sd is not None else None
     noise = se is not None and abs(rho) <= 2 * se
     out.append(_claim(f"§4.3: reward and routing entropy correlate negatively "
                       f"(paper: mean ρ = {PAPER_SPEARMAN})", None if rho is None else rho < 0,
@@ -161,13 +162,14 @@ def paper_claims(runs: list[Run], latents: int) -> list[str]:
     detail, noise = "", False
     if best is not None:
         # the claim's rival: m = 8 if it is not the peak, else the runner-up
-        top = accs[peaks[0]]
-        rival = accs.get(8) if peaks != [8] else max(
-            (c for m, c in accs.items() if m != 8), key=lambda c: c.mean)
-        noise, why = within_noise(top, rival) if rival is not None else (False, "")
+        if peaks == [8]:
+            rival = max((c for m, c in accs.items() if m != 8), key=lambda c: c.mean)
+            against = "the runner-up, "
+        else:
+            rival, against = accs.get(8), "m = 8's "
+        noise, why = within_noise(accs[peaks[0]], rival) if rival is not None else (False, "")
         detail = f"peak at m = {', '.join(map(str, peaks))} ({best:.2f}%)" + (
-            f"; {why} against m = 8's {accs[8].mean:.2f}%" if peaks != [8] and why
-            else f"; {why} against the runner-up, {rival.mean:.2f}%" if why else "")
+            f"; {why} against {against}{rival.mean:.2f}%" if why else "")
     out.append(_claim("§4.4 / Figure 6: accuracy on Arithmetic peaks at m = 8",
                       None if best is None else peaks == [8], detail, noise))
     return out
