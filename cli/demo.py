@@ -16,7 +16,9 @@ demo_app = typer.Typer(help="Self-contained demonstrations.", no_args_is_help=Tr
 @demo_app.command("planted")
 def planted(
     seeds: Annotated[str, typer.Option(help="comma-separated seeds")] = "0,1,2",
-    steps: Annotated[int, typer.Option(help="GRPO steps per run")] = 40,
+    steps: Annotated[int | None, typer.Option(
+        help="GRPO steps per run (default 50, musketeers.planted.STEPS, which the check's "
+        "margins are sized for)")] = None,
     workdir: Annotated[Path | None, typer.Option(
         help="where the synthetic store and runs go (default: a temporary folder)")] = None,
 ) -> None:
@@ -26,7 +28,9 @@ def planted(
     expert's utilisation rises and routing entropy falls; without C (single) it stays at
     chance.
     """
-    from musketeers.planted import check_rows, print_table, run_planted
+    from musketeers.planted import STEPS, check_rows, print_table, run_planted
+
+    steps = STEPS if steps is None else steps
 
     try:
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]

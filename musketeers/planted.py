@@ -164,6 +164,11 @@ def run_planted(seeds: list[int], steps: int, workdir: Path,
     return rows
 
 
+# Training length the margins below are sized for: 40 steps held on an Intel Xeon, but on an
+# AMD EPYC (other kernels) seed 1's oracle utilisation rose only 0.034; at 50 every seed of
+# 0, 1, 2 gains 0.071-0.135 there.
+STEPS = 50
+
 # What the check demands of every seed (margins sized to hold across seeds, not to be tight).
 MIN_REWARD_WITH_C = 3 * CHANCE
 MAX_REWARD_SINGLE = 2 * CHANCE
