@@ -3,7 +3,8 @@
 Every adapter maps the pooled expert vectors h_i (one [B, d_i] tensor per expert, Eq. 5, read
 from the cache) to context tokens C [B, m, d_policy] that the policy reads through
 ``inputs_embeds``, plus the matrix A [B, m, n] that shows how the m tokens draw on the n experts
-(Eq. 15's observable). Methods:
+(Eq. 15's observable). The methods that use them, and the controls, are declared in
+``musketeers.methods``:
 
 - ``perceiver``      ours: m latent queries cross-attend over the aligned experts (Eq. 8–11)
 - ``no_cross_attn``  Eq. 14: the token-wise FFN over the stacked V, one token per expert
@@ -23,10 +24,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from musketeers.cache.errors import UserError
-
-METHODS = ("perceiver", "no_cross_attn", "hard_routing", "output_collab", "single")
 
 
 @dataclass
@@ -239,34 +236,3 @@ class HardRoutingAdapter(nn.Module):
             attention=torch.softmax(logits, dim=-1).unsqueeze(1),
             routing=r,
         )
-
-
-def build_adapter(
-    method: str,
-    expert_dims: list[int],
-    d_policy: int,
-    *,
-    latents: int = 8,
-    d_model: int = 512,
-    heads: int = 8,
-    router_dim: int = 384,
-    out_init_std: float = 1e-8,
-) -> nn.Module | None:
-    """The adapter for ``method``; None for the methods without a trainable φ."""
-    if method == "perceiver":
-        return PerceiverAdapter(
-            expert_dims, d_policy, latents=latents, d_model=d_model, heads=heads,
-            out_init_std=out_init_std,
-        )
-    if method == "no_cross_attn":
-        return NoCrossAttnAdapter(
-            expert_dims, d_policy, d_model=d_model, out_init_std=out_init_std
-        )
-    if method == "hard_routing":
-        return HardRoutingAdapter(
-            expert_dims, d_policy, d_model=d_model, router_dim=router_dim,
-            out_init_std=out_init_std,
-        )
-    if method in ("output_collab", "single"):
-        return None
-    raise UserError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")

@@ -17,11 +17,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from musketeers.adapter import build_adapter
+from musketeers import methods
 from musketeers.cache.errors import UserError
 from musketeers.config import DTYPES as DTYPE_NAMES
 from musketeers.config import TrainConfig
 from musketeers.data import load_split
+from musketeers.methods import build_adapter
 
 # the torch dtype of each name TrainConfig accepts (one list of names, in config.py)
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
@@ -79,8 +80,9 @@ def team_specs(cfg: TrainConfig) -> list:
 
 
 def expert_names_for(cfg: TrainConfig) -> list[str]:
-    """The team's expert names (stores are keyed by them); none for ``single``."""
-    if cfg.method == "single":
+    """The team's expert names (stores are keyed by them); none for a method that reads no
+    expert (``single``)."""
+    if not methods.get(cfg.method).uses_experts:
         return []
     return [s.name for s in team_specs(cfg)]
 
@@ -109,9 +111,10 @@ def make_optimizer(cfg: TrainConfig, policy, adapter):
     """AdamW with separate learning rates for LoRA (θ) and the adapter (φ); a LambdaLR."""
     groups = [{"params": [p for p in policy.model.parameters() if p.requires_grad],
                "lr": cfg.lr}]
-    if adapter is not None:
-        groups.append({"params": list(adapter.parameters()), "lr": cfg.adapter_lr})
-    optimizer = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
+    adapter_params = list(adapter.parameters()) if adapter is not None else []
+    if adapter_params:  # zero_context's adapter has nothing to train
+        groups.append({"params": adapter_params, "lr": cfg.adapter_lr})
+    optimizer = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay, eps=cfg.adam_eps)
 
     def factor(step: int) -> float:
         warm = min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0

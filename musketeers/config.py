@@ -59,12 +59,16 @@ class TrainConfig:
     lr: float = 1e-4
     adapter_lr: float = 1e-4
     weight_decay: float = 0.01
+    adam_eps: float = 1e-6  # the paper's Listing 1 ("epsilon: 1e-6"), not torch's 1e-8
     grad_clip: float = 1.0
     scheduler: str = "constant"
     warmup_steps: int = 0
     advantage: str = "group"
     reward_norm: str = "group"
     dynamic_sampling: bool = False
+    # skip an update in which no group has a non-zero advantage: its only gradient is the KL
+    # term's, which AdamW would turn into lr-sized drift of φ and θ with no reward at all
+    skip_no_signal: bool = True
     clip_low: float = 0.2
     clip_high: float = 0.2
     loss_norm: str = "token"
@@ -205,13 +209,13 @@ def _one_of(name: str, value: str, valid: typing.Iterable[str]) -> None:
 
 def validate(cfg: TrainConfig) -> None:
     """Names against the registries of the other modules; sizes positive. UserError if not."""
-    from musketeers.adapter import METHODS
     from musketeers.cache.reader import POOLINGS
     from musketeers.grpo import ADVANTAGES, LOSS_NORMS, REWARD_NORMS
+    from musketeers.methods import names as method_names
     from musketeers.tasks import TASKS
 
     _one_of("task", cfg.task, TASKS)
-    _one_of("method", cfg.method, METHODS)
+    _one_of("method", cfg.method, method_names())
     if not (cfg.pooling in POOLINGS or (cfg.pooling.startswith("layer:")
                                         and cfg.pooling[6:].isdigit())):
         raise UserError(f"unknown pooling '{cfg.pooling}'; valid: {', '.join(POOLINGS)}, layer:K")
@@ -233,7 +237,7 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.eval_limit is not None and cfg.eval_limit < 1:
         raise UserError(f"config key 'eval_limit' must be >= 1, got {cfg.eval_limit}")
     for key in ("beta", "lr", "adapter_lr", "weight_decay", "grad_clip", "clip_low",
-                "clip_high"):
+                "clip_high", "adam_eps"):
         if getattr(cfg, key) < 0:
             raise UserError(f"config key '{key}' must be >= 0, got {getattr(cfg, key)}")
     if not cfg.temperature > 0:  # sampling and log-probs divide the logits by it

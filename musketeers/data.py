@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
+from musketeers import methods
 from musketeers.cache import reader
 from musketeers.cache.items import Item
 from musketeers.config import TrainConfig
@@ -44,6 +46,34 @@ class SplitData:
         return items, vectors, router
 
 
+def derived_seed(*keys: int) -> int:
+    """A 63-bit seed from integer keys (run seed, stream tag, step, ...): independent streams
+    that depend on nothing but their keys, so resuming or logging more changes none of them."""
+    return int(np.random.SeedSequence([k & 0xFFFFFFFF for k in keys]).generate_state(2,
+               np.uint64)[0] >> 1)
+
+
+_EPOCH_TAG = 0xE90C
+
+
+def epoch_rows(n: int, seed: int, step: int, per_step: int) -> torch.Tensor:
+    """The rows of update ``step``: positions [step·per_step, (step+1)·per_step) of an endless
+    sequence of epochs, each a fresh permutation of the n rows seeded by (seed, epoch).
+
+    Every row is drawn once per epoch (the paper's 500 steps × 32 prompts are one pass over
+    its 16,000 items), and the rows of any step follow from (seed, step) alone: a resumed run
+    draws the same rows with no sampler state to save.
+    """
+    start, stop = step * per_step, (step + 1) * per_step
+    parts = []
+    for epoch in range(start // n, (stop - 1) // n + 1):
+        g = torch.Generator().manual_seed(derived_seed(seed, _EPOCH_TAG, epoch))
+        perm = torch.randperm(n, generator=g)
+        lo, hi = max(start - epoch * n, 0), min(stop - epoch * n, n)
+        parts.append(perm[lo:hi])
+    return torch.cat(parts)
+
+
 def with_hints(item: Item, hints: list[str], expert_names: list[str]) -> Item:
     """Eq. 12's output-level collaboration: the experts' answers as a text block in the prompt."""
     lines = [f"- {name}: {hint.strip()}" for name, hint in zip(expert_names, hints, strict=True)]
@@ -53,18 +83,21 @@ def with_hints(item: Item, hints: list[str], expert_names: list[str]) -> Item:
 
 def load_split(cfg: TrainConfig, split: str, expert_names: list[str],
                limit: int | None = None) -> SplitData:
-    """Read ``split`` of ``cfg.task`` for the run's method, once.
+    """Read ``split`` of ``cfg.task`` for the run's method, once: what the method's registry
+    entry says it reads (``musketeers.methods``).
 
-    ``single`` reads only the items: it needs no expert at all, so it trains on any store.
-    A store missing an expert of the team raises the reader's UserError naming the
-    ``musketeers precompute`` command that fills it.
+    A method that reads no expert (``single``) trains on any store. A store missing an expert
+    of the team raises the reader's UserError naming the ``musketeers precompute`` command
+    that fills it. The ``shuffled_experts`` control gets every row's vectors from another row
+    (a seeded derangement, the same for every split of the run).
     """
-    names = [] if cfg.method == "single" else list(expert_names)
+    method = methods.get(cfg.method)
+    names = list(expert_names) if method.uses_experts else []
     # the experts' arrays first: a missing store's error then names the team's experts
     hints = arrays = None
-    if cfg.method == "output_collab":
+    if "hints" in method.reads:
         hints = reader.read_hints(cfg.cache_dir, cfg.task, split, names)
-    elif names:
+    if "vectors" in method.reads:
         arrays = reader.read_vectors(cfg.cache_dir, cfg.task, split, names, cfg.pooling,
                                      seed=cfg.seed)
     items = reader.read_items(cfg.cache_dir, cfg.task, split)
@@ -74,9 +107,13 @@ def load_split(cfg: TrainConfig, split: str, expert_names: list[str],
     router = None
     if hints is not None:
         items = [with_hints(it, hints[i], names) for i, it in enumerate(items)]
-    elif arrays is not None:
+    if arrays is not None:
         vectors = [torch.from_numpy(a[:n]).float().contiguous() for a in arrays]
-        if cfg.method == "hard_routing":
+        if "router" in method.reads:
             router = torch.from_numpy(reader.read_router(cfg.cache_dir, cfg.task, split)[:n])
             router = router.float().contiguous()
+    if method.shuffle_vectors:
+        perm = methods.derangement(n, cfg.seed)
+        vectors = [v[perm] for v in vectors]
+        router = router[perm] if router is not None else None
     return SplitData(items=items, expert_names=names, vectors=vectors, router=router)

@@ -1,10 +1,13 @@
-"""Greedy validation accuracy of a trained run, with or without its context tokens C.
+"""Greedy validation metrics of a trained run, with or without its context tokens C.
 
-accuracy = mean task score over the cached ``val`` split (one greedy completion per prompt).
+Over the cached ``val`` split, one greedy completion per prompt: ``exact`` is the share of
+completions scoring 1 (the answer is right), ``score`` the mean task score (Reasoning Gym
+gives partial credit: gold ``5``, answer ``15`` scores 0.5), so the two name different
+quantities and are never both called "accuracy".
 ``no_context`` drops C from the prompt: π_θ(y | x) against π_θ(y | [x ‖ C]), the paper's
 Figure 5 comparison. Written to ``RUN_DIR/eval.json`` / ``eval_no_context.json``, with every
 completion beside it (``eval_samples.jsonl`` / ``eval_no_context_samples.jsonl``: question,
-gold answer, completion, extracted answer, score), so a low accuracy can be read, not guessed:
+gold answer, completion, extracted answer, score), so a low score can be read, not guessed:
 ``answered`` is the share of completions with an ``<answer>…</answer>`` to grade at all,
 ``truncated`` the share cut off at ``max_new_tokens`` before an end-of-turn token.
 """
@@ -23,7 +26,7 @@ from musketeers.cache.errors import UserError
 from musketeers.cache.progress import progress
 from musketeers.config import read_run_config
 from musketeers.tasks import extract_answer
-from musketeers.trainer import adapter_context, policy_score
+from musketeers.rollout import adapter_context, policy_score
 
 
 def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = False,
@@ -62,7 +65,8 @@ def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = Fals
             bar.advance(len(items))
     n = max(len(samples), 1)
     result = {
-        "accuracy": sum(s["score"] for s in samples) / n,
+        "exact": sum(s["score"] >= 1.0 for s in samples) / n,
+        "score": sum(s["score"] for s in samples) / n,
         "n": len(samples),
         "completion_len": sum(s["tokens"] for s in samples) / n,
         "answered": sum(s["answer"] is not None for s in samples) / n,

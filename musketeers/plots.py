@@ -31,9 +31,10 @@ def plot_run(rows: list[dict[str, Any]], path: Path, title: str = "") -> Path:
     if rows and "entropy" in rows[0]:
         h_ax.plot(steps, [r["entropy"] for r in rows], color="tab:purple")
     h_ax.set(title="routing entropy $H$", xlabel="step")
-    r_ax.plot(steps, [r["reward_mean"] for r in rows], color="tab:green", label="reward")
-    r_ax.plot(steps, [r["accuracy"] for r in rows], color="tab:olive", alpha=0.6,
-              label="accuracy")
+    r_ax.plot(steps, [r["reward_mean"] for r in rows], color="tab:green",
+              label="score (mean reward)")
+    r_ax.plot(steps, [r["exact"] for r in rows], color="tab:olive", alpha=0.6,
+              label="exact (share scoring 1)")
     r_ax.set(title="reward", xlabel="step")
     r_ax.legend(fontsize=7)
     if title:

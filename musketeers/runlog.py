@@ -64,7 +64,9 @@ def summarize(run: Path, total_steps: int | None = None) -> dict[str, Any]:
         "steps": steps,
         "reward_first": rows[0]["reward_mean"] if rows else None,
         "reward_last10pct": mean_or_none([r["reward_mean"] for r in tail]),
-        "accuracy_last10pct": mean_or_none([r["accuracy"] for r in tail]),
+        "exact_last10pct": mean_or_none([r["exact"] for r in tail]),
+        "zero_var_frac": mean_or_none([r["zero_var_frac"] for r in rows]),
+        "updates_skipped": sum(bool(r.get("update_skipped")) for r in rows),
     }
     if rows and "entropy" in rows[0]:
         summary["spearman_reward_entropy"] = spearman(

@@ -8,13 +8,13 @@ import torch
 
 from musketeers.adapter import (
     FFN,
-    METHODS,
     HardRoutingAdapter,
     NoCrossAttnAdapter,
     PerceiverAdapter,
-    build_adapter,
 )
 from musketeers.cache.errors import UserError
+from musketeers.methods import build_adapter
+from musketeers.methods import names as method_names
 
 DIMS = [3, 5, 7]  # heterogeneous expert widths
 
@@ -214,4 +214,4 @@ def test_build_adapter_methods():
     assert build_adapter("hard_routing", DIMS, 6).n_context == 1
     with pytest.raises(UserError) as err:
         build_adapter("moe", DIMS, 6)
-    assert all(m in str(err.value) for m in METHODS) and "\n" not in str(err.value)
+    assert all(m in str(err.value) for m in method_names()) and "\n" not in str(err.value)

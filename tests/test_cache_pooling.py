@@ -29,18 +29,38 @@ def live_poolings(model, tokenizer, item, rand_pos: int, k_rand: int) -> dict:
     }
 
 
-def check_store_against_live(cache_dir, spec, items, dtype, atol, rtol, expert_index=0):
+def check_store_against_live(cache_dir, spec, items, dtype, atol=None, rtol=None,
+                             expert_index=0, rel_l2=None):
+    """Every cached pooling equals a live forward of the same model: elementwise within
+    ``atol``/``rtol``, or, with ``rel_l2``, each row within that relative L2 distance.
+
+    Returns the smallest relative L2 distance between a row and a *different* pooling of the
+    same prompt, so a caller can show its tolerance separates right from wrong vectors."""
     model, tok = load_expert(spec, "cpu", dtype)
     g = reader.open_store(cache_dir, TASK)["train"][f"experts/{spec.name}"]
     rand_pos = g["random_pos"][:]
     n_layers = model.config.get_text_config().num_hidden_layers
     k = reader.random_layers(len(items), n_layers, 0, expert_index)
+    live = [live_poolings(model, tok, item, int(rand_pos[i]), int(k[i]))
+            for i, item in enumerate(items)]
+    nearest_wrong = float("inf")
     for pooling in (*reader.POOLINGS, "layer:1"):
         cached = reader.read_vectors(cache_dir, TASK, "train", [spec.name], pooling)[0]
-        for i, item in enumerate(items):
-            want = live_poolings(model, tok, item, int(rand_pos[i]), int(k[i]))[pooling]
-            np.testing.assert_allclose(cached[i], want.numpy(), atol=atol, rtol=rtol,
-                                       err_msg=f"{spec.name} {pooling} row {i}")
+        for i in range(len(items)):
+            want = live[i][pooling].numpy()
+            msg = f"{spec.name} {pooling} row {i}"
+            if rel_l2 is None:
+                np.testing.assert_allclose(cached[i], want, atol=atol, rtol=rtol, err_msg=msg)
+                continue
+            assert _rel(cached[i], want) <= rel_l2, f"{msg}: {_rel(cached[i], want):.4f}"
+            for other, vec in live[i].items():
+                if not np.array_equal(vec.numpy(), want):
+                    nearest_wrong = min(nearest_wrong, _rel(cached[i], vec.numpy()))
+    return nearest_wrong
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12))
 
 
 @pytest.mark.parametrize("spec", tiny_specs(), ids=lambda s: s.name)
@@ -88,5 +108,12 @@ def test_smollm2_bf16_cache_equals_live_forward(cache_dir):
     items = make_items(3)
     cfg = PrecomputeConfig(dtype=torch.bfloat16, router=False)
     precompute_task(cache_dir, TASK, {}, {"train": items}, [SMOLLM2], cfg)
-    # bf16: batched vs single kernels round differently; relative error ~1e-2 of the scale.
-    check_store_against_live(cache_dir, SMOLLM2, items, torch.bfloat16, 0.15, 0.05)
+    # bf16 keeps 8 significant bits (eps = 2^-7): batched and single-prompt kernels round
+    # differently, and 30 layers accumulate it, differently on every CPU (native bf16 dot
+    # products or emulated ones). Elementwise bounds then fail on a few near-zero elements;
+    # the row's relative L2 error is what the dtype's precision bounds: 8·eps = 6 %.
+    tol = 8 * torch.finfo(torch.bfloat16).eps
+    nearest_wrong = check_store_against_live(cache_dir, SMOLLM2, items, torch.bfloat16,
+                                             rel_l2=tol)
+    # the bound still tells poolings apart: any other pooling of the prompt is far outside it
+    assert nearest_wrong > 3 * tol, nearest_wrong

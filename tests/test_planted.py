@@ -50,8 +50,8 @@ def test_trained_runs_score_on_held_out_items(rows, workdir):
         with_c = evaluate(run)
         without = evaluate(run, no_context=True)
         assert with_c["n"] == without["n"] == 128
-        assert with_c["accuracy"] >= 3 * CHANCE, (seed, with_c)
-        assert without["accuracy"] <= 2 * CHANCE, (seed, without)
+        assert with_c["exact"] >= 3 * CHANCE, (seed, with_c)
+        assert without["exact"] <= 2 * CHANCE, (seed, without)
 
 
 def test_check_rows_agrees(rows):

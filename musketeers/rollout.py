@@ -1,0 +1,203 @@
+"""One GRPO update's samples: rollouts, their rewards, and the advantages of the whole update.
+
+An update is ``grad_accum`` micro-batches of ``prompts_per_micro`` prompts with G completions
+each. It is built in three passes, because advantages are a property of the update, not of a
+micro-batch:
+
+  1. ``sample``: per micro-batch, C from the adapter and G completions per prompt, scored;
+  2. ``assign_advantages``: rewards of every micro-batch → advantages, so RLOO+'s per-task
+     standardisation pools every prompt of a task in the update (per micro-batch, most
+     prompts had no other of their dataset and LOO only rescaled GRPO); the
+     ``shuffled_reward`` control permutes the update's rewards here;
+  3. ``reference_passes``: old and reference log-probs of the groups that enter the loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from musketeers import methods
+from musketeers.cache.errors import UserError
+from musketeers.cache.items import Item
+from musketeers.config import TrainConfig
+from musketeers.data import SplitData, derived_seed
+from musketeers.grpo import compute_advantages, zero_variance_groups
+
+# (step, tensor name, tensor) -> tensor: lets tests inject faults (NaN) at named points.
+FaultHook = Callable[[int, str, torch.Tensor], torch.Tensor]
+# (items, rows) -> pooled vectors: the benchmark's --live-experts path computes them live.
+VectorSource = Callable[[list[Item], torch.Tensor], list[torch.Tensor]]
+# (CPU generator state, CUDA generator state or None): what the adapter's random draws use
+RngState = tuple[torch.Tensor, torch.Tensor | None]
+_SHUFFLE_TAG = 0x5F1E  # derived_seed stream of the shuffled_reward control
+
+
+class NonFiniteError(UserError):
+    """A NaN/inf in the loss, rewards or gradients: the run stops, last checkpoint kept."""
+
+
+def check_finite(step: int, name: str, t: torch.Tensor) -> None:
+    """``step`` is 0-based inside the loop; the message uses metrics.jsonl's 1-based step."""
+    if not torch.isfinite(t).all():
+        raise NonFiniteError(f"step {step + 1}: {name} is not finite ({t.flatten()[:4].tolist()})"
+                             "; run stopped, the last good checkpoint is kept")
+
+
+@dataclass
+class Rollout:
+    """One micro-batch of sampled groups, everything the inner iterations need."""
+
+    items: list[Item]
+    vectors: list[torch.Tensor]
+    router: torch.Tensor | None
+    prompt_ids: Any
+    completions: list[list[int]]  # B·G, group-major (row b·G + g)
+    rewards: torch.Tensor  # [B, G], the task's scores
+    ended: list[bool]  # per completion: stopped on an end-of-turn token (not truncated)
+    answered: list[bool]  # per completion: an <answer>…</answer> was found
+    context: torch.Tensor | None  # C the completions were sampled with (no grad)
+    attention: torch.Tensor | None  # [B, m, n]
+    adapter_rng: RngState | None = None  # RNG states before the rollout's adapter call
+    adv: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # [B, G]
+    keep: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.bool))
+    old_logp: torch.Tensor | None = None  # [B'·G, T] for kept groups (None when μ = 1)
+    ref_logp: torch.Tensor | None = None
+
+    @property
+    def has_signal(self) -> bool:
+        """Whether any group in the loss has a non-zero advantage (a policy gradient)."""
+        return bool(self.keep.any()) and bool((self.adv[self.keep] != 0).any())
+
+
+def rng_snapshot(device: str) -> RngState:
+    """The generator states the adapter's random draws (hard routing's Gumbel noise) come
+    from: the CPU's, and the GPU's when the adapter runs there."""
+    dev = torch.device(device)
+    return torch.get_rng_state(), torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None
+
+
+def adapter_context(adapter, vectors, router, device, rng_state: RngState | None = None):
+    """C and A for a batch. ``rng_state`` (``rng_snapshot``) replays the random draws of an
+    earlier call, so the loss conditions on the C the completions were sampled with, not on a
+    fresh draw."""
+    if adapter is None:
+        return None, None
+    dev = torch.device(device)
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else [],
+                               enabled=rng_state is not None):
+        if rng_state is not None:
+            torch.set_rng_state(rng_state[0])
+            if rng_state[1] is not None:
+                torch.cuda.set_rng_state(rng_state[1], dev)
+        out = adapter([v.to(device) for v in vectors],
+                      router.to(device) if router is not None else None)
+    return out.context, out.attention
+
+
+def kept(rollout: Rollout, context: torch.Tensor | None):
+    """Prompt ids, context and completions of the groups in the loss."""
+    keep = rollout.keep.tolist()
+    if all(keep):
+        return rollout.prompt_ids, context, rollout.completions
+    g = len(rollout.completions) // len(keep)
+    rows = [b for b, k in enumerate(keep) if k]
+    prompts = [rollout.prompt_ids[b] for b in rows]
+    ctx = context[rows] if context is not None else None
+    comps = [rollout.completions[b * g + j] for b in rows for j in range(g)]
+    return prompts, ctx, comps
+
+
+def policy_score(item: Item, text: str) -> float:
+    from musketeers.tasks import score
+
+    return float(score(item, text))
+
+
+def sample(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, rows: torch.Tensor,
+           generator: torch.Generator, fault: FaultHook | None,
+           vector_source: VectorSource | None) -> Rollout:
+    """Pass 1: sample G completions for each prompt of ``rows`` and score them."""
+    from musketeers.tasks import extract_answer
+
+    items, vectors, router = data.batch(rows)
+    if vector_source is not None:
+        vectors = vector_source(items, rows)
+    prompt_ids = policy.encode_prompts(items)
+    adapter_rng = rng_snapshot(cfg.device)
+    with torch.no_grad():
+        context, attention = adapter_context(adapter, vectors, router, cfg.device)
+        completions = policy.generate(
+            prompt_ids, context, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature, greedy=False, generator=generator)
+    texts = [policy.decode(c) for c in completions]
+    g = cfg.group_size
+    rewards = torch.tensor([[policy_score(items[b], texts[b * g + j]) for j in range(g)]
+                            for b in range(len(items))], dtype=torch.float32)
+    if fault is not None:
+        rewards = fault(step, "rewards", rewards)
+    check_finite(step, "rewards", rewards)
+    eos = set(policy.eos_ids)
+    return Rollout(items, vectors, router, prompt_ids, completions, rewards,
+                   ended=[bool(c) and c[-1] in eos for c in completions],
+                   answered=[extract_answer(t) is not None for t in texts],
+                   context=context, attention=attention, adapter_rng=adapter_rng)
+
+
+def assign_advantages(cfg: TrainConfig, step: int, rollouts: list[Rollout]) -> None:
+    """Pass 2: advantages over the whole update (every micro-batch), and which groups enter
+    the loss. The ``shuffled_reward`` control permutes the update's rewards first, from a
+    stream seeded by (seed, step) alone, so it samples exactly what Ours samples."""
+    rewards = torch.cat([r.rewards for r in rollouts])  # [B_total, G]
+    if methods.get(cfg.method).shuffle_rewards:
+        g = torch.Generator().manual_seed(derived_seed(cfg.seed, _SHUFFLE_TAG, step))
+        flat = rewards.flatten()
+        rewards = flat[torch.randperm(flat.numel(), generator=g)].view_as(rewards)
+    sources = [it.source for r in rollouts for it in r.items]
+    adv = compute_advantages(rewards, advantage=cfg.advantage, reward_norm=cfg.reward_norm,
+                             sources=sources)
+    keep = ~zero_variance_groups(rewards) if cfg.dynamic_sampling else \
+        torch.ones(len(sources), dtype=torch.bool)
+    start = 0
+    for r in rollouts:
+        b = len(r.items)
+        r.adv, r.keep = adv[start:start + b], keep[start:start + b]
+        start += b
+
+
+def reference_passes(cfg: TrainConfig, policy, r: Rollout) -> None:
+    """Pass 3: old log-probs (μ > 1) and reference log-probs (β > 0) of the kept groups."""
+    if not r.keep.any():
+        return
+    prompts, ctx, comps = kept(r, r.context)
+    with torch.no_grad():
+        if cfg.inner_iters > 1:
+            r.old_logp, _ = policy.completion_logprobs(prompts, ctx, comps,
+                                                       temperature=cfg.temperature)
+        if cfg.beta > 0:
+            r.ref_logp, _ = policy.completion_logprobs(prompts, ctx, comps, reference=True,
+                                                       temperature=cfg.temperature)
+
+
+def no_context_reward(cfg: TrainConfig, step: int, policy, data: SplitData,
+                      rows: torch.Tensor) -> float:
+    """Mean reward of π_θ(y | x) — the policy alone, no context positions — on the step's own
+    prompts (the paper's Figure 5 against π_θ(y | [x ‖ C])).
+
+    Sampled from a generator seeded by (seed, step), never from the training streams, so a
+    run that logs it trains exactly like one that does not, and resume stays exact.
+    """
+    items, _, _ = data.batch(rows)
+    generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step + 1)
+    with torch.no_grad():
+        completions = policy.generate(
+            policy.encode_prompts(items), None, group_size=cfg.group_size,
+            max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, greedy=False,
+            generator=generator)
+    g = cfg.group_size
+    scores = [policy_score(items[i // g], policy.decode(c)) for i, c in enumerate(completions)]
+    return float(np.mean(scores))
