@@ -25,8 +25,8 @@ def planted(
     """Train a tiny policy on a store where only one expert knows the answer.
 
     With C (perceiver) the reward must rise well above chance (0.1) while the informative
-    expert's utilisation rises and routing entropy falls; without C (single) it stays at
-    chance.
+    expert's utilisation rises and ρ(reward, H) turns negative, each by more than in its
+    shuffled_reward control on the same seed; without C (single) it stays at chance.
     """
     from musketeers.planted import STEPS, check_rows, print_table, run_planted
 

@@ -13,10 +13,14 @@ from typing import Annotated
 import typer
 
 from musketeers.cache.errors import UserError
+from musketeers.methods import names as method_names
 
 Opt = typer.Option
 # what a resumed run may change: how long it runs and where its parts live, not what it is
 RESUME_MAY_CHANGE = ("steps", "device", "cache_dir", "run_dir")
+
+
+METHOD_NAMES = method_names()
 
 
 def train(
@@ -25,8 +29,7 @@ def train(
     roster: Annotated[str | None, Opt(help="pocket, paper or tiny")] = None,
     experts: Annotated[str | None, Opt(help="comma-separated expert names")] = None,
     team_file: Annotated[Path | None, Opt(help="YAML team file")] = None,
-    method: Annotated[str | None, Opt(help="perceiver, no_cross_attn, hard_routing, "
-                                           "output_collab, single")] = None,
+    method: Annotated[str | None, Opt(help=", ".join(METHOD_NAMES))] = None,
     pooling: Annotated[str | None, Opt(help="last, first_token, random_token, first_layer, "
                                             "random_layer, mean, layer:K")] = None,
     latents: Annotated[int | None, Opt(help="m, the number of context tokens")] = None,
@@ -53,7 +56,8 @@ def train(
     no_context_every: Annotated[int | None, Opt(help="every N steps also log the reward "
                                                      "without C (Figure 5); 0 = never")] = None,
     device: Annotated[str | None, Opt()] = None,
-    dtype: Annotated[str | None, Opt(help="float32 or bfloat16")] = None,
+    dtype: Annotated[str | None, Opt(help="auto (bf16 where the device computes it natively, "
+                                          "else float32), float32, bfloat16, float16")] = None,
     cache_dir: Annotated[Path | None, Opt(help="stores root (env MUSKETEERS_CACHE_DIR)")] = None,
     run_dir: Annotated[Path | None, Opt(help="run folder (default runs/<name>)")] = None,
     config: Annotated[Path | None, Opt("--config", help="YAML of options")] = None,

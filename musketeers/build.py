@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import logging
 import math
 import random
 from collections.abc import Callable
@@ -20,13 +21,14 @@ import torch
 from musketeers import methods
 from musketeers.cache.errors import UserError
 from musketeers.config import DTYPES as DTYPE_NAMES
-from musketeers.config import TrainConfig
+from musketeers.config import TrainConfig, torch_dtype_name
 from musketeers.data import load_split
 from musketeers.methods import build_adapter
 
 # the torch dtype of each name TrainConfig accepts (one list of names, in config.py)
-DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES if name != "auto"}
 PolicyFactory = Callable[[TrainConfig], Any]
+log = logging.getLogger(__name__)
 
 
 def build_policy(cfg: TrainConfig):
@@ -37,7 +39,10 @@ def build_policy(cfg: TrainConfig):
     from musketeers.policy import Policy
     from musketeers.teams import policy_spec
 
-    model, tokenizer = _load_base(policy_spec(cfg.policy), cfg.device, cfg.dtype)
+    dtype = torch_dtype_name(cfg.dtype, cfg.device)
+    if dtype != cfg.dtype:
+        log.info("dtype %s → %s on this %s", cfg.dtype, dtype, cfg.device)
+    model, tokenizer = _load_base(policy_spec(cfg.policy), cfg.device, dtype)
     return Policy(model, tokenizer, lora_r=cfg.lora_r, context_position=cfg.context_position)
 
 

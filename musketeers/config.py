@@ -19,7 +19,9 @@ import yaml
 from musketeers.cache.errors import UserError
 
 SCHEDULERS = ("constant", "linear", "cosine")
-DTYPES = ("float32", "bfloat16", "float16")
+# "auto": bfloat16 where the device computes it natively (CUDA; a CPU with avx512_bf16 or
+# AMX), float32 elsewhere, where bf16 is emulated and slower than float32
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Where C enters the policy's prefix (musketeers.policy.Policy.build_inputs).
 CONTEXT_POSITIONS = ("before_generation_prompt", "after_prompt", "before_prompt")
 
@@ -88,7 +90,7 @@ class TrainConfig:
     # torch intra-op threads while the run trains (None: torch's default). Tiny models gain
     # nothing from threads and on a shared CPU the thread handoffs make them several times slower
     threads: int | None = None
-    dtype: str = "float32"
+    dtype: str = "auto"
     live_experts: bool = False
 
     def to_dict(self) -> dict[str, Any]:
@@ -110,11 +112,11 @@ BUDGETS: dict[str, dict[str, Any]] = {
                   save_every=1, eval_limit=8, dtype="float32"),
     # a CPU overnight on the pocket policy (~1-2 min per step for Qwen-0.5B in bf16)
     "pocket": dict(steps=300, prompts_per_micro=4, grad_accum=2, group_size=4,
-                   max_new_tokens=64, save_every=25, eval_limit=200, dtype="bfloat16"),
+                   max_new_tokens=64, save_every=25, eval_limit=200, dtype="auto"),
     # the paper: 500 steps, 4 x 8 = 32 prompts per update, G = 8, 128 new tokens
     "paper": dict(steps=500, prompts_per_micro=4, grad_accum=8, group_size=8,
                   max_new_tokens=128, beta=0.04, lr=1e-4, adapter_lr=1e-4, weight_decay=0.01,
-                  grad_clip=1.0, save_every=50, eval_limit=None, dtype="bfloat16"),
+                  grad_clip=1.0, save_every=50, eval_limit=None, dtype="auto"),
 }
 
 
@@ -245,6 +247,16 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.d_model % cfg.heads:
         raise UserError(f"config key 'd_model' ({cfg.d_model}) must be a multiple of 'heads' "
                         f"({cfg.heads})")
+
+
+def torch_dtype_name(dtype: str, device: str) -> str:
+    """The dtype a run computes in: ``auto`` resolved by the device (see DTYPES), on the
+    machine that runs it, so a config saved as ``auto`` stays portable across CPUs."""
+    if dtype != "auto":
+        return dtype
+    from musketeers.cache.precompute import cpu_has_bf16
+
+    return "bfloat16" if device.startswith("cuda") or cpu_has_bf16() else "float32"
 
 
 def save_config(cfg: TrainConfig, path: Path) -> None:

@@ -25,8 +25,8 @@ from musketeers.build import PolicyFactory, build_components
 from musketeers.cache.errors import UserError
 from musketeers.cache.progress import progress
 from musketeers.config import read_run_config
-from musketeers.tasks import extract_answer
 from musketeers.rollout import adapter_context, policy_score
+from musketeers.tasks import extract_answer
 
 
 def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = False,

@@ -8,7 +8,12 @@ answer ``<answer>d</answer>`` one token (one new token per completion, so chance
 trained with the same ``train()`` and ``TrainConfig`` as every real run.
 
 Expected: with C (``perceiver``) reward climbs well above chance, utilisation of ``oracle``
-rises, routing entropy falls and ρ(reward, H) < 0; ``single`` stays at chance.
+rises and ρ(reward, H) < 0; ``single`` stays at chance. Each of these is judged against the
+``shuffled_reward`` control on the same seed (rewards permuted within each update: as much
+gradient, none of its meaning): Ours must gain more reward, more oracle utilisation and a
+lower ρ than its control. Routing entropy is printed but is no criterion: it falls under
+shuffled rewards too (seed 1 fell 0.44 nats shuffled, 0.29 real, measured on an AMD EPYC),
+so a falling entropy is no evidence that reward shaped the routing.
 """
 
 from __future__ import annotations
@@ -144,8 +149,11 @@ def planted_config(method: str, seed: int, steps: int, cache_dir: Path, run_dir:
     return resolve_config(None, values)
 
 
+METHODS = ("perceiver", "shuffled_reward", "single")
+
+
 def run_planted(seeds: list[int], steps: int, workdir: Path,
-                methods: tuple[str, ...] = ("perceiver", "single")) -> list[dict[str, Any]]:
+                methods: tuple[str, ...] = METHODS) -> list[dict[str, Any]]:
     """Train every (method, seed) on one planted store; one summary row per run."""
     from musketeers.runlog import read_metrics
     from musketeers.trainer import torch_threads, train
@@ -173,28 +181,55 @@ STEPS = 50
 MIN_REWARD_WITH_C = 3 * CHANCE
 MAX_REWARD_SINGLE = 2 * CHANCE
 MIN_UTILISATION_GAIN = 0.05
-MIN_ENTROPY_DROP = 0.05
+# ...and of Ours over its shuffled_reward control on the same seed. Measured at 50 steps on
+# an AMD EPYC, seeds 0-2: reward gain 0.27-0.41 (control -0.05 to -0.02), oracle gain
+# 0.073-0.098 (control 0.027-0.057), ρ -0.80 to -0.85 (control -0.18 to 0.64).
+MIN_REWARD_GAIN_OVER_CONTROL = 0.15
+MIN_RHO_BELOW_CONTROL = 0.3
+CONTROL = "shuffled_reward"
+
+
+def _gain(r: dict[str, Any], key: str) -> float:
+    return r[f"{key}_last"] - r[f"{key}_first"]
 
 
 def check_rows(rows: list[dict[str, Any]]) -> list[str]:
-    """The failed claims of a planted run table (empty when the check passes)."""
+    """The failed claims of a planted run table (empty when the check passes).
+
+    Ours (``perceiver``) is judged on its own and against the ``shuffled_reward`` run of the
+    same seed; a seed without its control fails, since its gains would then prove nothing."""
     bad = []
+    controls = {r["seed"]: r for r in rows if r["method"] == CONTROL}
     for r in rows:
         tag = f"{r['method']} seed {r['seed']}"
         if r["method"] == "single":
             if r["reward_last"] > MAX_REWARD_SINGLE:
                 bad.append(f"{tag}: reward {r['reward_last']:.3f} above chance without C")
             continue
+        if r["method"] != "perceiver":
+            continue
         if r["reward_last"] < MIN_REWARD_WITH_C:
             bad.append(f"{tag}: reward {r['reward_last']:.3f} < {MIN_REWARD_WITH_C:.2f}")
-        if r["oracle_last"] < r["oracle_first"] + MIN_UTILISATION_GAIN:
+        if _gain(r, "oracle") < MIN_UTILISATION_GAIN:
             bad.append(f"{tag}: oracle utilisation {r['oracle_first']:.3f} → "
                        f"{r['oracle_last']:.3f} did not rise")
-        if r["entropy_last"] > r["entropy_first"] - MIN_ENTROPY_DROP:
-            bad.append(f"{tag}: entropy {r['entropy_first']:.3f} → {r['entropy_last']:.3f} "
-                       "did not fall")
         if not (r["rho"] is not None and r["rho"] < 0):
             bad.append(f"{tag}: ρ(reward, H) = {r['rho']} is not negative")
+        c = controls.get(r["seed"])
+        if c is None:
+            bad.append(f"{tag}: no {CONTROL} run on this seed, so no gain is evidence")
+            continue
+        if _gain(r, "reward") < _gain(c, "reward") + MIN_REWARD_GAIN_OVER_CONTROL:
+            bad.append(f"{tag}: reward gain {_gain(r, 'reward'):+.3f} is not "
+                       f"{MIN_REWARD_GAIN_OVER_CONTROL} above its control's "
+                       f"{_gain(c, 'reward'):+.3f}")
+        if _gain(r, "oracle") <= _gain(c, "oracle"):
+            bad.append(f"{tag}: oracle utilisation gain {_gain(r, 'oracle'):+.3f} does not "
+                       f"exceed its control's {_gain(c, 'oracle'):+.3f}")
+        if c["rho"] is not None and r["rho"] is not None and \
+                r["rho"] > c["rho"] - MIN_RHO_BELOW_CONTROL:
+            bad.append(f"{tag}: ρ {r['rho']:+.3f} is not {MIN_RHO_BELOW_CONTROL} below its "
+                       f"control's {c['rho']:+.3f}")
     return bad
 
 

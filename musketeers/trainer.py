@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import time
+import warnings
 from typing import Any
 
 import numpy as np
@@ -130,7 +131,9 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
             check_finite(step, _first_bad_grad(policy, adapter), norm)
         norms.append(float(norm))
         optimizer.step()
-    scheduler.step()
+    with warnings.catch_warnings():  # a skipped update still advances the lr schedule
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+        scheduler.step()
     row = _metrics(cfg, step, rollouts, data.expert_names, losses, kls, norms, optimizer,
                    time.perf_counter() - t0)
     row["update_skipped"] = skipped

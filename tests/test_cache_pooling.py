@@ -53,7 +53,7 @@ def check_store_against_live(cache_dir, spec, items, dtype, atol=None, rtol=None
                 np.testing.assert_allclose(cached[i], want, atol=atol, rtol=rtol, err_msg=msg)
                 continue
             assert _rel(cached[i], want) <= rel_l2, f"{msg}: {_rel(cached[i], want):.4f}"
-            for other, vec in live[i].items():
+            for vec in live[i].values():
                 if not np.array_equal(vec.numpy(), want):
                     nearest_wrong = min(nearest_wrong, _rel(cached[i], vec.numpy()))
     return nearest_wrong

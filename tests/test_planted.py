@@ -58,3 +58,16 @@ def test_check_rows_agrees(rows):
     assert check_rows(rows) == []
     broken = [dict(rows[0], reward_last=CHANCE)]
     assert check_rows(broken)
+
+
+def test_check_needs_ours_to_beat_its_shuffled_reward_control(rows):
+    """Ours' rows relabelled as their own control gain nothing over it: the check fails, and
+    without the control runs no gain counts at all."""
+    ours = [r for r in rows if r["method"] == "perceiver"]
+    as_control = [dict(r, method="shuffled_reward") for r in ours]
+    assert any("control" in line for line in check_rows(ours + as_control))
+    assert any("no shuffled_reward run" in line for line in check_rows(ours))
+    shuffled = [r for r in rows if r["method"] == "shuffled_reward"]
+    assert len(shuffled) == len(SEEDS)
+    for r in shuffled:  # the control really has no signal to learn from
+        assert r["reward_last"] <= 2 * CHANCE, r

@@ -84,6 +84,7 @@ def run_steps(params: dict[str, Any]) -> dict[str, Any]:
     ``live_step_s`` the live step right after each.
     """
     from musketeers.build import DTYPES, build_components, make_optimizer, team_specs
+    from musketeers.config import torch_dtype_name
     from musketeers.trainer import train_step
 
     threads = set_threads()
@@ -95,8 +96,8 @@ def run_steps(params: dict[str, Any]) -> dict[str, Any]:
     source = None
     paired = bool(params.get("paired"))
     if params.get("live") or paired:
-        source = LiveExperts(team_specs(cfg), cfg.pooling, cfg.device, DTYPES[cfg.dtype],
-                             cfg.seed)
+        dtype = DTYPES[torch_dtype_name(cfg.dtype, cfg.device)]
+        source = LiveExperts(team_specs(cfg), cfg.pooling, cfg.device, dtype, cfg.seed)
     times, lens, expert_s = [], [], []
     for step in range(cfg.steps):
         live = source is not None and (not paired or step % 2 == 1)
