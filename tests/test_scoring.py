@@ -299,6 +299,7 @@ def test_sandbox_refuses_effects_outside_its_directory(tmp_path):
     attempts = {
         "system": f"os.system('touch {outside}/a')",
         "popen": f"subprocess.run(['touch', '{outside}/b'])",
+        "fork_exec": "import _posixsubprocess; _posixsubprocess.fork_exec()",
         "fork": "os.fork()",
         "exec": "os.execv('/bin/true', ['true'])",
         "open": f"open('{outside}/c', 'w')",

@@ -17,7 +17,10 @@ be huge (``9**9**9``); the scorer's time and memory caps in ``scoring`` handle t
 
 Every other scorer of our families reads the answer with ``Decimal``, ``float``, ``int``,
 ``json.loads``, string comparison or its own parser (``propositional_logic``), never ``eval``
-(checked against reasoning_gym 0.1.25's source); they have no entry here.
+(checked against reasoning_gym 0.1.25's source; ``bitwise_arithmetic`` evals the problem from
+the entry, which we generate, and reads the answer with ``int(answer, 0)``); they have no
+entry here. A test fails when a family dataset's ``score_answer`` mentions ``eval``,
+``parse_expr`` or ``sympify`` and has no grammar.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ not stop anything; an audit hook does):
 * ``confine``: cwd, ``HOME`` and ``TMPDIR`` become the worker's own temporary directory,
   ``RLIMIT_FSIZE`` caps what it writes there, no core files, and an audit hook
   (``sys.addaudithook``, irremovable) raises ``PermissionError`` on process creation
-  (``os.system``, ``subprocess.Popen``, ``os.exec*``, ``os.fork``, ``os.posix_spawn``),
+  (``os.system``, ``subprocess.Popen``, ``os.exec*``, ``os.fork``, ``os.posix_spawn``; the
+  unaudited ``_posixsubprocess.fork_exec`` is replaced),
   signals, sockets, ``ctypes``, raising rlimits, and on opening for writing, creating,
   removing, renaming or changing any path outside that directory.
 
@@ -105,3 +106,21 @@ def confine(root: str) -> None:
                     raise PermissionError(f"scorer sandbox: {event} {args[i]!r} denied")
 
     sys.addaudithook(hook)
+    _disarm_fork_exec()
+
+
+def _disarm_fork_exec() -> None:
+    """``subprocess``'s C helper forks and execs without an audit event of its own: replace it.
+
+    Best effort (code already running here could dig it out again); RLIMIT_NPROC is no
+    substitute: root ignores it, and for other users it also counts threads.
+    """
+    try:
+        import _posixsubprocess
+    except ImportError:  # not POSIX
+        return
+
+    def fork_exec(*args: Any, **kwargs: Any) -> None:
+        raise PermissionError("scorer sandbox: fork_exec denied")
+
+    _posixsubprocess.fork_exec = fork_exec  # type: ignore[attr-defined]

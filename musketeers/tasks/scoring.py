@@ -42,6 +42,7 @@ pure-Python parsing).
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import math
@@ -191,6 +192,7 @@ class _ScorerWorker:
         self._root: str | None = None
         self._buffer = b""
         self._lock = threading.Lock()
+        self._owner = os.getpid()
         self.starts = 0  # children started, for tests and logs
 
     def _child_code(self, root: str) -> str:
@@ -235,6 +237,8 @@ class _ScorerWorker:
             raise RuntimeError("the Reasoning Gym scorer process did not start")
 
     def stop(self) -> None:
+        if self._owner != os.getpid():  # a forked copy: leave the parent's child alone
+            return
         if self._proc is not None:
             self._proc.kill()
             self._proc.wait()
@@ -249,6 +253,8 @@ class _ScorerWorker:
 
     def _ask(self, source: str, answer: str | None, entry_json: str) -> float | None:
         """The child's grade; None on timeout or death; raises ``_Misbehaved``."""
+        if self._owner != os.getpid():  # forked: the child and its pipes are the parent's
+            self._proc, self._root, self._buffer, self._owner = None, None, b"", os.getpid()
         if self._proc is None or self._proc.poll() is not None:
             self.stop()
             self._start()
@@ -294,6 +300,7 @@ class _ScorerWorker:
 
 
 _WORKER = _ScorerWorker()
+atexit.register(_WORKER.stop)  # its temporary directory goes with it
 
 
 def _rg_score(item: Item, answer: str | None) -> float:
