@@ -14,30 +14,56 @@ Extracted answers longer than ``MAX_ANSWER_CHARS`` score 0.0 without reaching th
 no gold answer of any task here is near that long (a test checks it), and some scorers parse
 their input with sympy, whose cost grows with the input.
 
-Reasoning Gym scorers ``eval`` or ``sympy.parse_expr`` what the model wrote: ``10**10**10``
-or deep parentheses hang them or exhaust memory, beyond a signal's reach (C-level big-int
-arithmetic). They therefore run in one persistent child process (``_ScorerWorker``): an
-answer not graded within ``SCORE_TIMEOUT_S`` scores 0.0 and the child is killed and restarted
-on the next call; the child's address space is capped at ``WORKER_MEMORY_BYTES``. GSM8K and
-planted answers are graded here (bounded pure-Python parsing).
+Threat model. The policy is trained to maximise this reward, so it will find any way to forge
+it, and the grading machine is shared: completions are hostile input. Three Reasoning Gym
+scorers ``eval`` the answer (``sympy.parse_expr`` or ``eval``), so ``__import__('os')...``
+ran on the grader, and ``print(1.0)`` wrote a grade into the worker's reply pipe that shifted
+every later grade by one. Defences, each enough alone for what it covers:
+
+1. ``answer_grammar``: an answer to an evaluating scorer must fit a whitelist grammar of that
+   dataset's gold answers (no names but variables and math functions, no quotes, underscores
+   or attribute access), else it scores 0.0: what reaches ``eval`` can only build numbers,
+   sympy expressions and lists of ints, never run other code.
+2. Protocol: each request carries a random id that the reply must echo; any other output
+   kills the worker and the request is graded again by a fresh one (0.0 if it misbehaves
+   again). The replies travel on a private descriptor, and the child's stdout and stderr are
+   ``/dev/null``, so a scorer's ``print`` cannot reach them at all.
+3. ``sandbox``: the child runs in its own temporary directory, and an audit hook refuses it
+   processes, sockets, ``ctypes`` and writes outside that directory (tests run as root, so
+   permissions would not).
+
+Hostile text can also be slow: ``10**10**10`` or deep parentheses hang sympy or exhaust memory,
+beyond a signal's reach (C-level big-int arithmetic). The scorers therefore run in one
+persistent child process (``_ScorerWorker``): an answer not graded within ``SCORE_TIMEOUT_S``
+scores 0.0 and the child is killed and restarted on the next call; the child's address space is
+capped at ``WORKER_MEMORY_BYTES``. GSM8K and planted answers are graded here (bounded
+pure-Python parsing).
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import math
 import os
 import re
+import secrets
 import select
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 from decimal import Decimal, InvalidOperation
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from musketeers.cache.items import Item
+
+from . import answer_grammar, sandbox
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +71,7 @@ MAX_ANSWER_CHARS = 4096
 SCORE_TIMEOUT_S = 10.0
 WORKER_START_TIMEOUT_S = 180.0
 WORKER_MEMORY_BYTES = 4 << 30
+MAX_REPLY_BYTES = 4096
 _OPEN, _CLOSE = "<answer>", "</answer>"
 
 
@@ -107,58 +134,111 @@ def _rg_scorer(source: str):
 
 
 def _grade_rg(source: str, answer: str | None, entry_json: str) -> float:
+    """The grade, or 0.0 for an answer outside the grammar of a scorer that evaluates it."""
     entry = json.loads(entry_json)
     source = entry.get("metadata", {}).get("source_dataset") or source
+    if not answer_grammar.admits(source, answer, entry):
+        return 0.0
     return float(_rg_scorer(source)(answer, entry))
 
 
-def _serve() -> None:
-    """The scorer child: one JSON request per stdin line, one float per stdout line."""
-    try:
-        import resource
+def _serve(root: str, private: bool = True) -> None:
+    """The scorer child: per request line ``[id, source, answer, entry_json]``, one reply line
+    ``{"id": id, "score": grade}``. ``root``: its temporary directory (see ``sandbox``).
+    ``private=False`` leaves the protocol on fds 0 and 1 (only tests want that)."""
+    import resource
 
+    try:
         resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_BYTES, WORKER_MEMORY_BYTES))
-    except (ImportError, ValueError, OSError):  # not every platform allows it
+    except (ValueError, OSError):  # not every platform allows it
         pass
     import reasoning_gym  # noqa: F401  (import before "ready": start-up is not grading time)
 
-    out = sys.stdout
-    out.write("ready\n")
-    out.flush()
-    for line in sys.stdin:
+    requests, replies = sandbox.private_channel() if private else (sys.stdin, sys.stdout)
+    sandbox.confine(root)
+    replies.write("ready\n")
+    replies.flush()
+    for line in requests:
         try:
-            source, answer, entry_json = json.loads(line)
+            request_id, source, answer, entry_json = json.loads(line)
+        except Exception:  # not a request: nothing to answer to
+            continue
+        try:
             value = _grade_rg(source, answer, entry_json)
         except Exception:  # a scorer bug on hostile text is a zero reward
             value = 0.0
-        out.write(f"{value!r}\n")
-        out.flush()
+        if not 0.0 <= value <= 1.0:  # NaN included; the parent takes nothing else
+            value = 0.0 if math.isnan(value) else min(max(value, 0.0), 1.0)
+        replies.write(json.dumps({"id": request_id, "score": value}) + "\n")
+        replies.flush()
+
+
+class _Misbehaved(Exception):
+    """The worker wrote something other than the reply it owed: its channel is not trusted."""
 
 
 class _ScorerWorker:
-    """A persistent child running Reasoning Gym scorers under a per-answer time limit."""
+    """A persistent, sandboxed child running Reasoning Gym scorers under a per-answer time limit.
+
+    Each request carries a fresh random id and the child echoes it with the grade; the parent
+    accepts exactly that reply. Any other output (a stray line, another id, non-JSON, bytes
+    left over between requests) means the channel is not trusted: the child is killed and the
+    request is graded once more by a fresh one (0.0 if that one misbehaves too). A timeout or a
+    dead child (e.g. the memory cap) is the answer's doing: 0.0, and a fresh child next call.
+    """
 
     def __init__(self) -> None:
         self._proc: subprocess.Popen | None = None
+        self._root: str | None = None
+        self._buffer = b""
         self._lock = threading.Lock()
+        self._owner = os.getpid()
+        self.starts = 0  # children started, for tests and logs
 
-    def _readline(self, timeout: float) -> str | None:
+    def _child_code(self, root: str) -> str:
+        """The child's program (``python -c``); the package's own root leads ``sys.path``
+        instead of the cwd, a temporary directory the child may write."""
+        package_root = str(Path(__file__).resolve().parents[2])
+        return (f"import sys; sys.path[0] = {package_root!r}\n"
+                f"from musketeers.tasks.scoring import _serve; _serve({root!r})")
+
+    def _readline(self, deadline: float) -> bytes | None:
+        """The next line (without its newline); None on timeout or end of output."""
         assert self._proc is not None and self._proc.stdout is not None
-        ready, _, _ = select.select([self._proc.stdout], [], [], timeout)
-        return self._proc.stdout.readline() if ready else None
+        fd = self._proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            if len(self._buffer) > MAX_REPLY_BYTES:
+                raise _Misbehaved(f"a {len(self._buffer)}-byte reply line")
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
+
+    def _pending(self) -> bool:
+        """Whether the child wrote anything since its last reply (it owes nothing now)."""
+        assert self._proc is not None and self._proc.stdout is not None
+        return bool(self._buffer) or bool(select.select([self._proc.stdout], [], [], 0)[0])
 
     def _start(self) -> None:
-        code = "from musketeers.tasks.scoring import _serve; _serve()"
-        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        self._root = tempfile.mkdtemp(prefix="musketeers-scorer-")
+        env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True, encoding="utf-8", bufsize=1, env=env,
+            [sys.executable, "-c", self._child_code(self._root)], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, cwd=self._root, env=env, bufsize=0,
         )
-        if self._readline(WORKER_START_TIMEOUT_S) != "ready\n":
+        self.starts += 1
+        if self._readline(time.monotonic() + WORKER_START_TIMEOUT_S) != b"ready":
             self.stop()
             raise RuntimeError("the Reasoning Gym scorer process did not start")
 
     def stop(self) -> None:
+        if self._owner != os.getpid():  # a forked copy: leave the parent's child alone
+            return
         if self._proc is not None:
             self._proc.kill()
             self._proc.wait()
@@ -166,27 +246,61 @@ class _ScorerWorker:
                 if f is not None:
                     f.close()
             self._proc = None
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+            self._root = None
+        self._buffer = b""
+
+    def _ask(self, source: str, answer: str | None, entry_json: str) -> float | None:
+        """The child's grade; None on timeout or death; raises ``_Misbehaved``."""
+        if self._owner != os.getpid():  # forked: the child and its pipes are the parent's
+            self._proc, self._root, self._buffer, self._owner = None, None, b"", os.getpid()
+        if self._proc is None or self._proc.poll() is not None:
+            self.stop()
+            self._start()
+        assert self._proc is not None and self._proc.stdin is not None
+        if self._pending():
+            raise _Misbehaved("output between requests")
+        request_id = secrets.token_hex(8)  # unguessable: a forged reply cannot name it
+        try:
+            self._proc.stdin.write((json.dumps([request_id, source, answer, entry_json]) + "\n")
+                                   .encode())
+            self._proc.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            return None
+        line = self._readline(time.monotonic() + SCORE_TIMEOUT_S)
+        if line is None:
+            return None
+        try:
+            reply = json.loads(line)
+            value = reply["score"] if reply["id"] == request_id and len(reply) == 2 else None
+        except (ValueError, TypeError, KeyError, RecursionError):
+            value = None
+        if type(value) is not float or not 0.0 <= value <= 1.0:
+            raise _Misbehaved(f"not the reply to {request_id}: {line[:80]!r}")
+        return value
 
     def __call__(self, source: str, answer: str | None, entry_json: str) -> float:
         with self._lock:
-            if self._proc is None or self._proc.poll() is not None:
-                self.stop()
-                self._start()
-            assert self._proc is not None and self._proc.stdin is not None
-            try:
-                self._proc.stdin.write(json.dumps([source, answer, entry_json]) + "\n")
-                self._proc.stdin.flush()
-                line = self._readline(SCORE_TIMEOUT_S)
-            except (BrokenPipeError, OSError, ValueError):
-                line = None
-            if not line:  # timed out or died (e.g. the memory cap): kill, restart next call
-                log.debug("scorer %s gave no grade in %.0f s; reward 0", source, SCORE_TIMEOUT_S)
-                self.stop()
-                return 0.0
-            return float(line)
+            for attempt in (1, 2):
+                try:
+                    value = self._ask(source, answer, entry_json)
+                except _Misbehaved as exc:
+                    log.warning("scorer worker misbehaved (%s); restarting it (try %d of 2)",
+                                exc, attempt)
+                    self.stop()
+                    continue
+                if value is None:  # timed out or died: kill it, a fresh one next call
+                    log.debug("scorer %s gave no grade in %.0f s; reward 0", source,
+                              SCORE_TIMEOUT_S)
+                    self.stop()
+                    return 0.0
+                return value
+            return 0.0
 
 
 _WORKER = _ScorerWorker()
+atexit.register(_WORKER.stop)  # its temporary directory goes with it
 
 
 def _rg_score(item: Item, answer: str | None) -> float:
