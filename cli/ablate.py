@@ -49,12 +49,10 @@ def ablate(
 
     task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
     if task_list:
-        from musketeers.tasks import TASKS
+        from musketeers.tasks import check_task
 
-        bad = [t for t in task_list if t not in TASKS]
-        if bad:
-            raise UserError(f"unknown task(s) {', '.join(bad)} in --tasks; valid: "
-                            f"{', '.join(TASKS)}")
+        for t in task_list:
+            check_task(t)
     overrides = {"cache_dir": str(cache_dir)} if cache_dir else None
     g = load_grid(grid or budget, seeds=_int_list(seeds, "seeds"), tasks=task_list,
                   overrides=overrides)

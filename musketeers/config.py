@@ -214,9 +214,9 @@ def validate(cfg: TrainConfig) -> None:
     from musketeers.cache.reader import POOLINGS
     from musketeers.grpo import ADVANTAGES, LOSS_NORMS, REWARD_NORMS
     from musketeers.methods import names as method_names
-    from musketeers.tasks import TASKS
+    from musketeers.tasks import check_task
 
-    _one_of("task", cfg.task, TASKS)
+    check_task(cfg.task)
     _one_of("method", cfg.method, method_names())
     if not (cfg.pooling in POOLINGS or (cfg.pooling.startswith("layer:")
                                         and cfg.pooling[6:].isdigit())):

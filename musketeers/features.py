@@ -21,13 +21,11 @@ def cache_root(cache_dir: Path | str | None) -> Path:
 
 def expand_tasks(task: str) -> list[str]:
     """``all`` means every real task (the synthetic ``planted`` task is built by its demo)."""
-    from musketeers.tasks import TASKS
+    from musketeers.tasks import TASKS, check_task
 
     if task == "all":
         return [t for t in TASKS if t != "planted"]
-    if task not in TASKS:
-        raise UserError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}, all")
-    return [task]
+    return [check_task(task)]
 
 
 def precompute_features(

@@ -23,21 +23,28 @@ from .reasoning_gym_tasks import (
     SPLIT_SIZES,
     build_rg_items,
     rg_task_spec,
-    system_prompt,
 )
 from .scoring import MAX_ANSWER_CHARS, extract_answer, score
+from .variants import BASE_TASKS, PROMPT_STYLES, parse_task, system_prompt
 
-TASKS: tuple[str, ...] = ("arithmetic", "algorithmic", "logic", "gsm8k", "gsm_symbolic", "planted")
+# the base tasks (``--task all``); any of them may carry :LEVEL and @PROMPT (``variants``)
+TASKS: tuple[str, ...] = BASE_TASKS
 
 __all__ = [
-    "FAMILIES", "MAX_ANSWER_CHARS", "SPLITS", "TASKS", "Item", "build_items", "check_disjoint",
-    "extract_answer", "score", "task_spec",
+    "FAMILIES", "MAX_ANSWER_CHARS", "PROMPT_STYLES", "SPLITS", "TASKS", "Item", "build_items",
+    "check_disjoint", "check_task", "extract_answer", "parse_task", "score", "task_spec",
 ]
 
 
+def check_task(task: str) -> str:
+    """``task`` if it names a task (a base task, optionally :LEVEL and @PROMPT); UserError
+    naming the valid ones otherwise."""
+    parse_task(task)
+    return task
+
+
 def _check(task: str, split: str | None = None) -> None:
-    if task not in TASKS:
-        raise UserError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}")
+    parse_task(task)
     if split is not None and split not in SPLITS:
         raise UserError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
 
@@ -51,9 +58,10 @@ def build_items(task: str, split: str, limit: int | None = None,
     _check(task, split)
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise UserError(f"--limit must be a positive integer, got {limit!r}")
-    if task == "gsm8k":
-        return build_gsm8k_items(split, limit, gsm8k_dir, system_prompt())
-    if task == "planted":
+    name = parse_task(task)
+    if name.base == "gsm8k":
+        return build_gsm8k_items(split, limit, gsm8k_dir, system_prompt(name.prompt))
+    if name.base == "planted":
         size = PLANTED_SIZES[split]
         return build_planted_items(split, size if limit is None else min(limit, size))
     size = SPLIT_SIZES[split]
@@ -62,10 +70,12 @@ def build_items(task: str, split: str, limit: int | None = None,
 
 def task_spec(task: str) -> dict[str, Any]:
     """JSON-able description of ``task`` (datasets, weights, configs, seeds, sizes)."""
-    _check(task)
-    if task in RG_TASKS:
+    name = parse_task(task)
+    if name.base in RG_TASKS:
         return rg_task_spec(task)
-    return gsm8k_task_spec() if task == "gsm8k" else planted_task_spec()
+    if name.base == "gsm8k":
+        return gsm8k_task_spec(name.prompt)
+    return planted_task_spec()
 
 
 def check_disjoint(train: list[Item], val: list[Item]) -> None:

@@ -92,12 +92,12 @@ def build_gsm8k_items(split: str, limit: int | None, gsm8k_dir: str | Path | Non
     ]
 
 
-def gsm8k_task_spec() -> dict[str, Any]:
+def gsm8k_task_spec(prompt: str = "DeepSeekZero") -> dict[str, Any]:
     return {
         "task": "gsm8k",
         "source": "openai/grade-school-math (local jsonl)",
         "files": dict(FILES),
         "answer": "number after '####', commas removed",
         "scorer": "exact numeric match of the last <answer>",
-        "system_prompt": "DeepSeekZero",
+        "system_prompt": prompt,
     }

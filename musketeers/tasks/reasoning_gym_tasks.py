@@ -38,6 +38,8 @@ from typing import Any
 from musketeers.cache.items import Item
 from musketeers.cache.progress import progress
 
+from .variants import members, parse_task, system_prompt
+
 FAMILIES: dict[str, tuple[tuple[str, dict[str, Any]], ...]] = {
     # Listing 2
     "arithmetic": (
@@ -83,13 +85,6 @@ SEEDS = {"train": 1_000, "val": 1_000_000}  # streams never reach 999k entries (
 STREAM_SIZE = 500_000
 _BUCKETS = 3
 _VAL_BUCKET = 2
-SYSTEM_PROMPT_NAME = "DeepSeekZero"
-
-
-def system_prompt() -> str:
-    from reasoning_gym.utils import SYSTEM_PROMPTS
-
-    return SYSTEM_PROMPTS[SYSTEM_PROMPT_NAME]
 
 
 def split_of(question: str) -> str:
@@ -100,11 +95,19 @@ def split_of(question: str) -> str:
 
 def dataset_config(name: str) -> dict[str, Any]:
     """Our config overrides for a Reasoning Gym dataset name ({} when it has none)."""
-    for members in FAMILIES.values():
-        for member, cfg in members:
+    for family in FAMILIES.values():
+        for member, cfg in family:
             if member == name:
                 return cfg
     return SINGLES.get(name, {})
+
+
+def task_members(task: str) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """(dataset, config) of every member of a Reasoning Gym task name (level included)."""
+    name = parse_task(task)
+    if name.base in SINGLES:
+        return ((name.base, SINGLES[name.base]),)
+    return members(name, FAMILIES)
 
 
 @cache
@@ -114,9 +117,10 @@ def make_dataset(task: str, split: str):
     from reasoning_gym.composite import CompositeConfig, CompositeDataset, DatasetSpec
 
     seed = SEEDS[split]
-    if task in SINGLES:
-        return reasoning_gym.create_dataset(task, seed=seed, size=STREAM_SIZE, **SINGLES[task])
-    specs = [DatasetSpec(name=n, weight=1, config=dict(c)) for n, c in FAMILIES[task]]
+    base = parse_task(task).base
+    if base in SINGLES:
+        return reasoning_gym.create_dataset(base, seed=seed, size=STREAM_SIZE, **SINGLES[base])
+    specs = [DatasetSpec(name=n, weight=1, config=dict(c)) for n, c in task_members(task)]
     return CompositeDataset(CompositeConfig(size=STREAM_SIZE, seed=seed, datasets=specs))
 
 
@@ -166,7 +170,7 @@ _BUILT: dict[tuple[str, str, int], tuple[Item, ...]] = {}
 def _generate(task: str, split: str, n: int) -> list[Item]:
     """The first ``n`` items of ``split``: streamed entries whose question belongs to it."""
     ds = make_dataset(task, split)
-    system = system_prompt()
+    system = system_prompt(parse_task(task).prompt)
     items: list[Item] = []
     idx = 0
     with progress(f"{task} {split} items", total=n) as bar:
@@ -196,18 +200,21 @@ def rg_task_spec(task: str) -> dict[str, Any]:
     """JSON-able description of a Reasoning Gym task: everything its items depend on."""
     import reasoning_gym
 
-    members = FAMILIES.get(task) or ((task, SINGLES[task]),)
-    return {
+    name = parse_task(task)
+    spec = {
         "task": task,
         "generator": f"reasoning_gym=={getattr(reasoning_gym, '__version__', '?')}",
-        "kind": "composite" if task in FAMILIES else "dataset",
-        "datasets": [{"name": n, "weight": 1, "config": dict(c)} for n, c in members],
+        "kind": "composite" if name.base in FAMILIES else "dataset",
+        "datasets": [{"name": n, "weight": 1, "config": dict(c)} for n, c in task_members(task)],
         "seeds": dict(SEEDS),
         "sizes": dict(SPLIT_SIZES),
         "stream_size": STREAM_SIZE,
         "split_rule": "sha256(question)[:8] mod 3 == 2 -> val, else train; streams filtered",
-        "system_prompt": SYSTEM_PROMPT_NAME,
+        "system_prompt": name.prompt,
     }
+    if name.level:  # stores written before levels existed keep their fingerprint
+        spec["level"] = name.level
+    return spec
 
 
 
