@@ -79,6 +79,9 @@ class TrainConfig:
     # after "<|im_start|>assistant\n" (after_prompt) move a chat policy's first token by 4-11
     # nats, so "C ≈ 0 at init" would not leave π where it was (see musketeers.policy)
     context_position: str = "before_generation_prompt"
+    # how the graded answer is found: strict (the last <answer>…</answer>, the paper's) or
+    # lenient (musketeers.tasks.scoring.EXTRACTIONS); a different reward, named in reports
+    extraction: str = "strict"
     lora_r: int = 8
     # bookkeeping
     save_every: int = 50
@@ -214,7 +217,7 @@ def validate(cfg: TrainConfig) -> None:
     from musketeers.cache.reader import POOLINGS
     from musketeers.grpo import ADVANTAGES, LOSS_NORMS, REWARD_NORMS
     from musketeers.methods import names as method_names
-    from musketeers.tasks import check_task
+    from musketeers.tasks import EXTRACTIONS, check_task
 
     check_task(cfg.task)
     _one_of("method", cfg.method, method_names())
@@ -228,6 +231,7 @@ def validate(cfg: TrainConfig) -> None:
     _one_of("scheduler", cfg.scheduler, SCHEDULERS)
     _one_of("dtype", cfg.dtype, DTYPES)
     _one_of("context_position", cfg.context_position, CONTEXT_POSITIONS)
+    _one_of("extraction", cfg.extraction, EXTRACTIONS)
     for key in ("steps", "prompts_per_micro", "grad_accum", "group_size", "max_new_tokens",
                 "latents", "d_model", "heads", "inner_iters", "lora_r", "save_every"):
         if getattr(cfg, key) < 1:

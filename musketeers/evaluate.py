@@ -60,8 +60,8 @@ def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = Fals
                 samples.append({"id": it.id, "source": it.source, "question": it.question,
                                 "gold": it.answer, "completion": text, "tokens": len(c),
                                 "ended": bool(c) and c[-1] in policy.eos_ids,
-                                "answer": extract_answer(text),
-                                "score": policy_score(it, text)})
+                                "answer": extract_answer(text, cfg.extraction),
+                                "score": policy_score(it, text, cfg.extraction)})
             bar.advance(len(items))
     n = max(len(samples), 1)
     result = {
@@ -73,6 +73,7 @@ def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = Fals
         "truncated": sum(not s["ended"] for s in samples) / n,
         "context": not no_context and adapter is not None,
         "method": cfg.method,
+        "extraction": cfg.extraction,
         "checkpoint": last.name,
     }
     name = "eval_no_context" if no_context else "eval"

@@ -112,10 +112,10 @@ def kept(rollout: Rollout, context: torch.Tensor | None):
     return prompts, ctx, comps
 
 
-def policy_score(item: Item, text: str) -> float:
+def policy_score(item: Item, text: str, extraction: str = "strict") -> float:
     from musketeers.tasks import score
 
-    return float(score(item, text))
+    return float(score(item, text, extraction))
 
 
 def sample(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, rows: torch.Tensor,
@@ -136,7 +136,8 @@ def sample(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, rows: 
             temperature=cfg.temperature, greedy=False, generator=generator)
     texts = [policy.decode(c) for c in completions]
     g = cfg.group_size
-    rewards = torch.tensor([[policy_score(items[b], texts[b * g + j]) for j in range(g)]
+    rewards = torch.tensor([[policy_score(items[b], texts[b * g + j], cfg.extraction)
+                             for j in range(g)]
                             for b in range(len(items))], dtype=torch.float32)
     if fault is not None:
         rewards = fault(step, "rewards", rewards)
@@ -144,7 +145,7 @@ def sample(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, rows: 
     eos = set(policy.eos_ids)
     return Rollout(items, vectors, router, prompt_ids, completions, rewards,
                    ended=[bool(c) and c[-1] in eos for c in completions],
-                   answered=[extract_answer(t) is not None for t in texts],
+                   answered=[extract_answer(t, cfg.extraction) is not None for t in texts],
                    context=context, attention=attention, adapter_rng=adapter_rng)
 
 
@@ -199,5 +200,6 @@ def no_context_reward(cfg: TrainConfig, step: int, policy, data: SplitData,
             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, greedy=False,
             generator=generator)
     g = cfg.group_size
-    scores = [policy_score(items[i // g], policy.decode(c)) for i, c in enumerate(completions)]
+    scores = [policy_score(items[i // g], policy.decode(c), cfg.extraction)
+              for i, c in enumerate(completions)]
     return float(np.mean(scores))

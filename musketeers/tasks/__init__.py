@@ -24,15 +24,16 @@ from .reasoning_gym_tasks import (
     build_rg_items,
     rg_task_spec,
 )
-from .scoring import MAX_ANSWER_CHARS, extract_answer, score
+from .scoring import EXTRACTIONS, MAX_ANSWER_CHARS, extract_answer, score
 from .variants import BASE_TASKS, PROMPT_STYLES, parse_task, system_prompt
 
 # the base tasks (``--task all``); any of them may carry :LEVEL and @PROMPT (``variants``)
 TASKS: tuple[str, ...] = BASE_TASKS
 
 __all__ = [
-    "FAMILIES", "MAX_ANSWER_CHARS", "PROMPT_STYLES", "SPLITS", "TASKS", "Item", "build_items",
-    "check_disjoint", "check_task", "extract_answer", "parse_task", "score", "task_spec",
+    "EXTRACTIONS", "FAMILIES", "MAX_ANSWER_CHARS", "PROMPT_STYLES", "SPLITS", "TASKS", "Item",
+    "build_items", "check_disjoint", "check_task", "extract_answer", "parse_task", "score",
+    "task_spec",
 ]
 
 

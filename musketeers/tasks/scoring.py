@@ -75,17 +75,34 @@ MAX_REPLY_BYTES = 4096
 _OPEN, _CLOSE = "<answer>", "</answer>"
 
 
-def extract_answer(completion: Any) -> str | None:
-    """Text inside the last ``<answer>…</answer>`` pair, stripped; None when there is none."""
+# How an answer is found in a completion. ``strict`` (the paper's, Reasoning Gym's): the last
+# ``<answer>…</answer>`` pair only. ``lenient``: when there is none, the text after a last
+# unclosed ``<answer>``, else after the last ``</think>``, else the last non-empty line; for
+# small policies that answer right but drop the tags. A run names its choice (``extraction``)
+# and the report prints it beside every number, since the two are different rewards.
+EXTRACTIONS = ("strict", "lenient")
+
+
+def extract_answer(completion: Any, extraction: str = "strict") -> str | None:
+    """The graded answer of ``completion`` (see EXTRACTIONS), stripped; None when there is
+    none."""
     if not isinstance(completion, str):
         return None
     end = completion.rfind(_CLOSE)
-    if end < 0:
+    start = completion.rfind(_OPEN, 0, end) if end >= 0 else -1
+    if start >= 0:
+        return completion[start + len(_OPEN) : end].strip()
+    if extraction == "strict":
         return None
-    start = completion.rfind(_OPEN, 0, end)
-    if start < 0:
-        return None
-    return completion[start + len(_OPEN) : end].strip()
+    if extraction != "lenient":
+        raise ValueError(f"unknown extraction {extraction!r}; valid: {', '.join(EXTRACTIONS)}")
+    opened = completion.rfind(_OPEN)
+    if opened > end:  # an <answer> left open (the completion stopped before closing it)
+        return completion[opened + len(_OPEN) :].strip() or None
+    think = completion.rfind("</think>")
+    rest = completion[think + len("</think>") :] if think >= 0 else completion
+    lines = [ln.strip() for ln in rest.replace(_CLOSE, "").splitlines() if ln.strip()]
+    return lines[-1] if lines else None
 
 
 _NUMBER = re.compile(r"^[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$")
@@ -313,10 +330,11 @@ _SCORERS = {
 }
 
 
-def score(item: Item, completion: str) -> float:
-    """Reward in [0, 1] for ``completion`` on ``item``; never raises (0.0 when ungradable)."""
+def score(item: Item, completion: str, extraction: str = "strict") -> float:
+    """Reward in [0, 1] for ``completion`` on ``item``, its answer found by ``extraction``
+    (EXTRACTIONS); never raises (0.0 when ungradable)."""
     try:
-        answer = extract_answer(completion)
+        answer = extract_answer(completion, extraction)
         if answer is not None and len(answer) > MAX_ANSWER_CHARS:
             return 0.0
         scorer = _SCORERS.get(item.source, _rg_score)
