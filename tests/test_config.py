@@ -121,11 +121,19 @@ def test_resume_refuses_options_that_change_the_run(tmp_path, monkeypatch):
         result = runner.invoke(cli_main.app, ["train", "--resume", "--run-dir", str(run), *args])
         assert isinstance(result.exception, UserError), (args, result.output)
         assert match in str(result.exception) and "\n" not in str(result.exception)
-    # allowed: reaches the trainer, which finds no checkpoint (nothing was trained)
+    # allowed: reaches the trainer; --steps stops this invocation, the run keeps its length
+    calls = []
+    monkeypatch.setattr("musketeers.trainer.train",
+                        lambda cfg, **kw: calls.append((cfg, kw)) or {})
     result = runner.invoke(cli_main.app, ["train", "--resume", "--run-dir", str(run),
                                           "--method", "perceiver", "--steps", "9"])
-    assert "no checkpoint" in str(result.exception)
+    assert result.exit_code == 0, result.output
+    (cfg, kw), = calls
+    assert cfg.steps == 300 and kw == {"resume": True, "stop_after": 9}
     assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]
+    result = runner.invoke(cli_main.app, ["train", "--resume", "--run-dir", str(run),
+                                          "--steps", "301"])
+    assert "the run has 300 steps and keeps them" in str(result.exception)
 
 
 def test_cli_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch):
