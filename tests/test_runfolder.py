@@ -221,3 +221,12 @@ def test_cuda_rng_states_are_saved_and_restored(monkeypatch):
     del state["cuda"]  # a checkpoint from before CUDA states were saved
     ckpt.restore_rng(state, generator)
     assert len(restored) == 1
+
+
+def test_a_grid_retrains_a_run_killed_before_its_first_checkpoint(planted_store, tmp_path):
+    from musketeers.reports.grid import _default_train_fn
+
+    cfg = small(planted_store, tmp_path / "run", save_every=3)
+    train(cfg, stop_after=1, plot=False)  # config.yaml and one row, no checkpoint
+    _default_train_fn(cfg)
+    assert [r["step"] for r in metrics(cfg.run_path())] == [1, 2, 3, 4]
