@@ -165,10 +165,15 @@ def done_flags(g: zarr.Group, name: str = "done") -> np.ndarray:
 
 @dataclass
 class Lock:
-    """Exclusive writer lock on a store (``<task>.zarr.lock``), released when the process dies."""
+    """Exclusive writer lock on a store (``<task>.zarr.lock``), released when the process dies.
+
+    ``busy`` is the refusal when another process holds it (``{pid}`` is the holder's PID): a
+    run folder reuses the lock with its own fix.
+    """
 
     path: Path
     fd: int | None = None
+    busy: str | None = None
 
     def __enter__(self) -> Lock:
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -178,6 +183,8 @@ class Lock:
             holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "?"
             os.close(self.fd)
             self.fd = None
+            if self.busy is not None:
+                raise UserError(self.busy.format(pid=holder)) from None
             raise UserError(
                 f"store {self.path.with_suffix('')} is being written by another precompute "
                 f"(PID {holder}); wait for it to finish"

@@ -10,6 +10,7 @@ import sys
 import typer
 
 from musketeers.cache.errors import UserError
+from musketeers.cli import interrupt
 
 app = typer.Typer(
     help="Frozen LM experts help a small LoRA policy reason through their hidden states (RLVR).",
@@ -49,16 +50,26 @@ def _exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+INTERRUPTED = {128 + signal.SIGINT: "SIGINT", 128 + signal.SIGTERM: "SIGTERM"}
+
+
 def main() -> None:
     _exit_on_sigterm()
+    interrupt.clear()
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S"
     )
     try:
-        app()
+        app()  # click turns Ctrl-C into SystemExit(130); the SIGTERM handler raises 143
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+    except SystemExit as exc:
+        if exc.code in INTERRUPTED:
+            hint = interrupt.resume_hint()
+            hint = f"; {hint}" if hint else ""
+            print(f"interrupted ({INTERRUPTED[exc.code]}){hint}", file=sys.stderr)
+        raise
 
 
 if __name__ == "__main__":

@@ -45,8 +45,10 @@ def precompute(
     ] = "auto",
 ) -> None:
     """Run every expert of a team once over a task's train and val items into the store."""
+    from musketeers.cli.interrupt import on_interrupt
     from musketeers.features import precompute_features
 
+    on_interrupt("run the same command again to resume")  # finished chunks are kept
     names = [e.strip() for e in experts.split(",") if e.strip()] if experts else None
     precompute_features(
         task, team=team, roster=roster, experts=names, team_file=team_file, limit=limit,

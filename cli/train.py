@@ -2,6 +2,10 @@
 
 Every option is also a key of the YAML file given with ``--config``; an option given on the
 command line wins over the YAML, which wins over the ``--budget`` preset.
+
+``--resume --steps N`` stops that invocation after step N; the run keeps its configured length
+(config.yaml, the LR schedule), so a later ``--resume`` finishes it. N beyond the run's steps is
+refused: a longer run is a new ``--run-dir``.
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ from musketeers.cache.errors import UserError
 from musketeers.methods import names as method_names
 
 Opt = typer.Option
-# what a resumed run may change: how long it runs and where its parts live, not what it is
-RESUME_MAY_CHANGE = ("steps", "device", "cache_dir", "run_dir")
+# what a resumed run may change: where its parts live, not what it is (--steps only stops
+# the invocation early: see the module docstring)
+RESUME_MAY_CHANGE = ("device", "cache_dir", "run_dir")
 
 
 METHOD_NAMES = method_names()
@@ -36,7 +41,9 @@ def train(
     policy: Annotated[str | None, Opt(help="qwen2.5-coder-0.5b-instruct, smollm2, ...")] = None,
     budget: Annotated[str | None, Opt(help="smoke, pocket or paper")] = None,
     seed: Annotated[int | None, Opt()] = None,
-    steps: Annotated[int | None, Opt()] = None,
+    steps: Annotated[int | None, Opt(help="steps of the run; with --resume, stop this "
+                                           "invocation after step N (the run keeps its own)")
+                     ] = None,
     group_size: Annotated[int | None, Opt(help="G, completions per prompt")] = None,
     max_new_tokens: Annotated[int | None, Opt()] = None,
     beta: Annotated[float | None, Opt(help="KL coefficient")] = None,
@@ -61,26 +68,35 @@ def train(
     cache_dir: Annotated[Path | None, Opt(help="stores root (env MUSKETEERS_CACHE_DIR)")] = None,
     run_dir: Annotated[Path | None, Opt(help="run folder (default runs/<name>)")] = None,
     config: Annotated[Path | None, Opt("--config", help="YAML of options")] = None,
-    resume: Annotated[bool, Opt(help="continue the run in --run-dir from its checkpoint")
-                      ] = False,
+    resume: Annotated[bool, Opt(help="continue the run in --run-dir from its newest intact "
+                                     "checkpoint (from step 0 if it has none yet)")] = False,
 ) -> None:
     """Train the policy and adapter with GRPO on cached expert vectors."""
+    from musketeers.cli.interrupt import on_interrupt
     from musketeers.config import apply_overrides, read_run_config, resolve_config, validate
+    from musketeers.runfolder import resume_command
     from musketeers.trainer import train as run_training
 
     overrides = {k: v for k, v in locals().items()
                  if k not in ("config", "resume", "run_training", "resolve_config",
-                              "read_run_config", "apply_overrides", "validate")
+                              "read_run_config", "apply_overrides", "validate", "on_interrupt",
+                              "resume_command")
                  and v is not None}
     for key in ("cache_dir", "run_dir", "team_file"):
         if key in overrides:
             overrides[key] = str(overrides[key])
+    stop_after = None
     if resume:
         if run_dir is None:
             raise UserError("--resume needs the --run-dir of the run to continue")
         if config is not None:
             raise UserError("--resume continues a run with its own config.yaml; drop --config")
         saved = read_run_config(run_dir)
+        stop_after = overrides.pop("steps", None)
+        if stop_after is not None and not 1 <= stop_after <= saved.steps:
+            raise UserError(f"--resume --steps {stop_after}: the run has {saved.steps} steps and "
+                            f"keeps them; pass --steps 1..{saved.steps} to stop early, or start "
+                            "a new --run-dir for a longer run")
         cfg = apply_overrides(saved, overrides)
         changed = [k for k in overrides if k not in RESUME_MAY_CHANGE
                    and getattr(cfg, k) != getattr(saved, k)]
@@ -93,7 +109,8 @@ def train(
         validate(cfg)
     else:
         cfg = resolve_config(config, overrides)
-    summary = run_training(cfg, resume=resume)
+    on_interrupt(f"resume it with: {resume_command(cfg.run_path())}")
+    summary = run_training(cfg, resume=resume, stop_after=stop_after)
     typer.echo(f"run: {cfg.run_path()}")
     typer.echo(json.dumps(summary, indent=2))
 

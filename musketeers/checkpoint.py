@@ -5,14 +5,20 @@
 - ``lora/``                the policy's LoRA in PEFT's own format (``save_pretrained``)
 - ``adapter.safetensors``  the adapter φ (absent for methods without one)
 - ``state.pt``             optimizer, scheduler, step and every RNG state (python, numpy,
-                           torch, the run's sampling generator)
+                           torch, CUDA when initialised, the run's sampling generator)
+- ``manifest.json``        sha256 of every other file, written last
 
 A checkpoint is written into a temporary folder and renamed into place, and only folders named
-``step-*`` count: a kill at any moment of a save leaves the previous checkpoint usable.
+``step-*`` count: a kill at any moment of a save leaves the previous checkpoint usable. A load
+checks the manifest first, so a flipped or truncated file is found before anything is applied;
+``load_latest`` then falls back to the newest intact checkpoint and moves the damaged ones aside.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import os
 import random
 import shutil
@@ -25,6 +31,14 @@ from safetensors.torch import load_file, save_file
 
 KEEP = 2  # checkpoints kept; older ones are removed after a newer one is in place
 PREFIX = "step-"
+MANIFEST = "manifest.json"
+DAMAGED = "damaged-"  # a damaged checkpoint's new name prefix: kept for a look, never loaded
+
+log = logging.getLogger("musketeers.train")
+
+
+class DamagedCheckpoint(Exception):
+    """A checkpoint whose files do not match its manifest, or cannot be read."""
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
@@ -37,6 +51,9 @@ def capture_rng(generator: torch.Generator) -> dict[str, Any]:
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
         "generator": generator.get_state(),
+        # hard routing draws its Gumbel noise on the adapter's device; querying CUDA only once
+        # it is initialised keeps a CPU run from initialising it
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
     }
 
 
@@ -45,6 +62,13 @@ def restore_rng(state: dict[str, Any], generator: torch.Generator) -> None:
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     generator.set_state(state["generator"])
+    cuda = state.get("cuda")  # absent in checkpoints from before it was saved
+    if cuda is not None:
+        if torch.cuda.is_available() and torch.cuda.device_count() >= len(cuda):
+            torch.cuda.set_rng_state_all(cuda)
+        else:  # resumed with --device cpu (allowed): the GPU's stream has no meaning here
+            log.warning("checkpoint has CUDA RNG states but CUDA is unavailable; "
+                        "the resumed run is not bit-identical to an uninterrupted one")
 
 
 def _write_lora(model: torch.nn.Module, folder: Path) -> None:
@@ -54,6 +78,58 @@ def _write_lora(model: torch.nn.Module, folder: Path) -> None:
 
 def _write_state(state: dict[str, Any], path: Path) -> None:
     torch.save(state, path)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(f for f in folder.rglob("*") if f.is_file() and f.name != MANIFEST
+                  and not f.name.startswith(f".{MANIFEST}"))
+
+
+def write_manifest(folder: Path) -> None:
+    """sha256 of every file of the checkpoint, written last and atomically."""
+    sums = {f.relative_to(folder).as_posix(): _sha256(f) for f in _files(folder)}
+    tmp = folder / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps(sums, indent=1, sort_keys=True))
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, folder / MANIFEST)
+
+
+def verify_checkpoint(folder: Path) -> str | None:
+    """What is wrong with the checkpoint's files (None when they match the manifest).
+
+    A checkpoint from before manifests were written loads unchecked (with a warning): every
+    save writes its manifest before the rename that makes it count, so only those lack one.
+    """
+    path = Path(folder) / MANIFEST
+    if not path.exists():
+        log.warning("checkpoint %s has no %s (written before checksums); loading it unchecked",
+                    folder, MANIFEST)
+        return None
+    try:
+        sums = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return f"{MANIFEST} is unreadable"
+    if not isinstance(sums, dict):
+        return f"{MANIFEST} is not a mapping"
+    for rel, digest in sums.items():
+        path = Path(folder) / rel
+        if not path.is_file():
+            return f"{rel} is missing"
+        if _sha256(path) != digest:
+            return f"{rel} does not match its checksum"
+    extra = {f.relative_to(folder).as_posix() for f in _files(Path(folder))} - set(sums)
+    if extra & {"state.pt", "adapter.safetensors"}:
+        return f"{sorted(extra)[0]} is not in the manifest"
+    return None
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -87,6 +163,7 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module,
     }
     _write_state(state, tmp / "state.pt")
     _fsync_tree(tmp)
+    write_manifest(tmp)
     if final.exists():  # re-saving a step after a resume: the older copy is equivalent
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -117,27 +194,81 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def load_weights(folder: Path, model: torch.nn.Module, adapter: torch.nn.Module | None) -> None:
-    """LoRA (PEFT format) and adapter φ from a checkpoint into live modules."""
+def _read_weights(folder: Path, with_adapter: bool
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
+    lora = load_file(str(Path(folder) / "lora" / "adapter_model.safetensors"))
+    adapter = load_file(str(Path(folder) / "adapter.safetensors")) if with_adapter else None
+    return lora, adapter
+
+
+def _apply_weights(folder: Path, model: torch.nn.Module, adapter: torch.nn.Module | None,
+                   lora: dict[str, torch.Tensor],
+                   adapter_state: dict[str, torch.Tensor] | None) -> None:
     from peft import set_peft_model_state_dict
 
-    lora = load_file(str(Path(folder) / "lora" / "adapter_model.safetensors"))
     result = set_peft_model_state_dict(model, lora)
     unexpected = getattr(result, "unexpected_keys", [])
     if unexpected:
         raise RuntimeError(f"checkpoint {folder} has LoRA keys the policy lacks: {unexpected[:3]}")
-    if adapter is not None:
-        adapter.load_state_dict(load_file(str(Path(folder) / "adapter.safetensors")))
+    if adapter is not None and adapter_state is not None:
+        adapter.load_state_dict(adapter_state)
+
+
+def load_weights(folder: Path, model: torch.nn.Module, adapter: torch.nn.Module | None) -> None:
+    """LoRA (PEFT format) and adapter φ from a checkpoint into live modules."""
+    lora, adapter_state = _read_weights(folder, adapter is not None)
+    _apply_weights(folder, model, adapter, lora, adapter_state)
 
 
 def load_checkpoint(folder: Path, model: torch.nn.Module, adapter: torch.nn.Module | None,
                     optimizer: torch.optim.Optimizer, scheduler: Any,
                     generator: torch.Generator) -> dict[str, Any]:
-    """Restore everything ``save_checkpoint`` wrote; returns the state dict (``step``...)."""
-    load_weights(folder, model, adapter)
-    state = torch.load(Path(folder) / "state.pt", weights_only=False)
+    """Restore everything ``save_checkpoint`` wrote; returns the state dict (``step``...).
+
+    DamagedCheckpoint (nothing applied yet) when the manifest disagrees or a file is unreadable:
+    every file is checked and read before any module is touched.
+    """
+    problem = verify_checkpoint(folder)
+    if problem is not None:
+        raise DamagedCheckpoint(problem)
+    try:
+        lora, adapter_state = _read_weights(folder, adapter is not None)
+        state = torch.load(Path(folder) / "state.pt", weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file means "damaged"
+        raise DamagedCheckpoint(f"unreadable ({type(exc).__name__})") from None
+    _apply_weights(folder, model, adapter, lora, adapter_state)
     optimizer.load_state_dict(state["optimizer"])
     if scheduler is not None and state["scheduler"] is not None:
         scheduler.load_state_dict(state["scheduler"])
     restore_rng(state["rng"], generator)
     return state
+
+
+def load_latest(run_dir: Path, model: torch.nn.Module, adapter: torch.nn.Module | None,
+                optimizer: torch.optim.Optimizer, scheduler: Any,
+                generator: torch.Generator) -> dict[str, Any] | None:
+    """Load the newest intact checkpoint, moving damaged newer ones aside (and saying so);
+    None when the run has no checkpoint. UserError when none of them is intact."""
+    from musketeers.cache.errors import UserError
+
+    found = list_checkpoints(run_dir)
+    damaged = []
+    for folder in reversed(found):
+        try:
+            state = load_checkpoint(folder, model, adapter, optimizer, scheduler, generator)
+        except DamagedCheckpoint as exc:
+            damaged.append(f"{folder.name}: {exc}")
+            log.warning("checkpoint %s is damaged (%s); trying the previous one", folder, exc)
+            continue
+        for bad in found[found.index(folder) + 1:]:
+            # renamed, not deleted: the next save must not prune the intact one in their favour
+            bad.rename(bad.with_name(DAMAGED + bad.name))
+        if damaged:
+            log.warning("resuming from %s, the newest intact checkpoint; damaged ones renamed "
+                        "%s*", folder, DAMAGED)
+        return state
+    if damaged:
+        raise UserError(f"no intact checkpoint in {checkpoint_dir(run_dir)} ("
+                        + "; ".join(damaged) + "); move that folder away to restart the run "
+                        "from step 0, or pass another --run-dir")
+    return None

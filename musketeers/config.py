@@ -173,7 +173,10 @@ def load_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"config file {path} not found; pass an existing --config path")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text("utf-8")) or {}
+    except UnicodeDecodeError:
+        raise UserError(f"config file {path} is not UTF-8 text; pass a YAML file to --config"
+                        ) from None
     except yaml.YAMLError as exc:
         first = str(exc).splitlines()[0]
         raise UserError(f"config file {path} is not valid YAML: {first}") from None
@@ -192,11 +195,29 @@ def resolve_config(yaml_path: Path | None = None, overrides: dict[str, Any] | No
     if budget not in BUDGETS:
         raise UserError(f"unknown budget '{budget}'; valid: {', '.join(BUDGETS)}")
     _apply(values, BUDGETS[budget], f"budget {budget}")
+    # a saved config.yaml holds the default team beside its experts (team_specs lets experts
+    # win), so only the command line is held to one choice; that choice replaces the YAML's
+    if _one_team(overrides):
+        from_yaml = {k: v for k, v in from_yaml.items() if k not in TEAM_KEYS}
     _apply(values, from_yaml, str(yaml_path))
     _apply(values, overrides, "the command line")
     cfg = TrainConfig(**values)
     validate(cfg)
     return cfg
+
+
+TEAM_KEYS = ("team", "experts", "team_file")
+
+
+def _one_team(given: dict[str, Any]) -> bool:
+    """Whether the options ``given`` pick the team; two ways at once are refused, as
+    precompute refuses them."""
+    keys = [k for k in TEAM_KEYS if given.get(k) is not None]
+    if len(keys) > 1:
+        names = " and ".join("--" + k.replace("_", "-") for k in keys)
+        raise UserError(f"{names} both given; give one of --team, --experts or --team-file, "
+                        "not several")
+    return bool(keys)
 
 
 def apply_overrides(cfg: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
@@ -236,6 +257,9 @@ def validate(cfg: TrainConfig) -> None:
                 "latents", "d_model", "heads", "inner_iters", "lora_r", "save_every"):
         if getattr(cfg, key) < 1:
             raise UserError(f"config key '{key}' must be >= 1, got {getattr(cfg, key)}")
+    if cfg.seed < 0:  # numpy's and Python's seeding refuse negatives deep inside the run
+        raise UserError(f"config key 'seed' must be >= 0, got {cfg.seed}")
+    _check_device(cfg.device)
     if cfg.threads is not None and cfg.threads < 1:
         raise UserError(f"config key 'threads' must be >= 1, got {cfg.threads}")
     if cfg.no_context_every < 0:
@@ -261,6 +285,25 @@ def torch_dtype_name(dtype: str, device: str) -> str:
     from musketeers.cache.precompute import cpu_has_bf16
 
     return "bfloat16" if device.startswith("cuda") or cpu_has_bf16() else "float32"
+
+
+def _check_device(device: str) -> None:
+    """A device torch knows and this machine has (checked before any model loads)."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise UserError(f"unknown device '{device}'; pass --device cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"device '{device}' needs CUDA, which this machine lacks; "
+                            "pass --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise UserError(f"device '{device}': this machine has {torch.cuda.device_count()} "
+                            "CUDA device(s); pass --device cuda:0 or cpu")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise UserError(f"device '{device}' is not available here; pass --device cpu")
 
 
 def save_config(cfg: TrainConfig, path: Path) -> None:

@@ -136,6 +136,8 @@ def load_team_file(path: str | Path) -> list[ExpertSpec]:
         raise UserError(f"team file not found: {path}")
     try:
         data = yaml.safe_load(path.read_text("utf-8"))
+    except UnicodeDecodeError:
+        raise UserError(f"team file {path} is not UTF-8 text; pass a YAML team file") from None
     except yaml.YAMLError as exc:
         raise UserError(f"team file {path} is not valid YAML: {str(exc).splitlines()[0]}") \
             from None

@@ -28,10 +28,11 @@ import numpy as np
 import torch
 
 from musketeers import checkpoint as ckpt
+from musketeers import runfolder
 from musketeers.build import PolicyFactory, build_components, make_optimizer
 from musketeers.cache.errors import UserError
 from musketeers.cache.progress import progress
-from musketeers.config import TrainConfig, save_config
+from musketeers.config import TrainConfig
 from musketeers.data import SplitData, epoch_rows
 from musketeers.grpo import grpo_loss, loss_denominator, zero_variance_groups
 from musketeers.rollout import (  # noqa: F401  (NonFiniteError: part of this API)
@@ -53,7 +54,6 @@ from musketeers.runlog import (
     read_metrics,
     summarize,
     tensorboard,
-    truncate_metrics,
 )
 
 log = logging.getLogger("musketeers.train")
@@ -193,57 +193,52 @@ def train(cfg: TrainConfig, *, resume: bool = False, policy_factory: PolicyFacto
     """Run (or resume) the training described by ``cfg``; returns the summary.
 
     ``stop_after`` ends the loop after that many steps in total without finishing the run
-    (tests use it to simulate a kill). ``vector_source`` replaces the cached vectors (the
-    ``--live-experts`` benchmark path); ``cfg.live_experts`` without one is refused.
+    (tests use it to simulate a kill; ``--resume --steps N`` to stop one invocation early).
+    ``vector_source`` replaces the cached vectors (the ``--live-experts`` benchmark path);
+    ``cfg.live_experts`` without one is refused. The run folder is locked throughout
+    (musketeers.runfolder), so a second training of it is refused.
     """
-    with torch_threads(cfg.threads):
+    if cfg.live_experts and vector_source is None:
+        raise UserError("--live-experts is a benchmark-only path; run it through musketeers.bench")
+    with torch_threads(cfg.threads), runfolder.locked(cfg.run_path()):
         return _train(cfg, resume, policy_factory, fault, vector_source, stop_after, plot)
 
 
 def _train(cfg: TrainConfig, resume: bool, policy_factory: PolicyFactory | None,
            fault: FaultHook | None, vector_source: VectorSource | None,
            stop_after: int | None, plot: bool) -> dict[str, Any]:
-    if cfg.live_experts and vector_source is None:
-        raise UserError("--live-experts is a benchmark-only path; run it through musketeers.bench")
     run = cfg.run_path()
     metrics_path = run / "metrics.jsonl"
-    if not resume and (metrics_path.exists() or ckpt.list_checkpoints(run)):
-        raise UserError(f"run folder {run} already has a run; pass --resume or another --run-dir")
-    last = ckpt.latest_checkpoint(run) if resume else None
-    if resume and last is None:  # before any model loads
-        raise UserError(f"no checkpoint in {run}; start it without --resume")
+    fingerprints = runfolder.prepare(cfg, run, resume)
     data, policy, adapter = build_components(cfg, "train", policy_factory=policy_factory)
     optimizer, scheduler = make_optimizer(cfg, policy, adapter)
     generator = torch.Generator().manual_seed(cfg.seed)
-    start = 0
-    if last is not None:
-        start = ckpt.load_checkpoint(last, policy.model, adapter, optimizer, scheduler,
-                                     generator)["step"]
-        truncate_metrics(metrics_path, start)
-        log.info("resuming %s from step %d", run, start)
-    run.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, run / "config.yaml")
+    start = runfolder.restore(run, resume, policy.model, adapter, optimizer, scheduler, generator)
+    runfolder.begin(cfg, run, fingerprints)
     writer = tensorboard(run)
     end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
-    with progress(f"train {run.name}", total=end - start, unit="steps") as bar, \
-            open(metrics_path, "a") as out:
+    with runfolder.disk_errors(run):
+        out = open(metrics_path, "a")  # noqa: SIM115 - closed by the with below
+    with progress(f"train {run.name}", total=max(end - start, 0), unit="steps") as bar, out:
         for step in range(start, end):
-            row = train_step(cfg, step, policy, adapter, data, optimizer, scheduler, generator,
-                             fault=fault, vector_source=vector_source)
-            out.write(json.dumps(row) + "\n")
-            out.flush()
+            row = train_step(cfg, step, policy, adapter, data, optimizer, scheduler,
+                             generator, fault=fault, vector_source=vector_source)
+            with runfolder.disk_errors(run):
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+                if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+                    ckpt.save_checkpoint(run, step + 1, policy.model, adapter, optimizer,
+                                         scheduler, generator)
             if writer is not None:
                 log_tb(writer, row)
             log.debug("step %d reward %.3f kl %s", row["step"], row["reward_mean"], row["kl"])
-            if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-                ckpt.save_checkpoint(run, step + 1, policy.model, adapter, optimizer, scheduler,
-                                     generator)
             bar.advance(1)
     if writer is not None:
         writer.close()
-    summary = summarize(run, cfg.steps)
-    if plot and end == cfg.steps:
-        from musketeers.plots import plot_run
+    with runfolder.disk_errors(run):
+        summary = summarize(run, cfg.steps)
+        if plot and end == cfg.steps:
+            from musketeers.plots import plot_run
 
-        plot_run(read_metrics(metrics_path), run / "routing.png", title=run.name)
+            plot_run(read_metrics(metrics_path), run / "routing.png", title=run.name)
     return summary

@@ -121,11 +121,19 @@ def test_resume_refuses_options_that_change_the_run(tmp_path, monkeypatch):
         result = runner.invoke(cli_main.app, ["train", "--resume", "--run-dir", str(run), *args])
         assert isinstance(result.exception, UserError), (args, result.output)
         assert match in str(result.exception) and "\n" not in str(result.exception)
-    # allowed: reaches the trainer, which finds no checkpoint (nothing was trained)
+    # allowed: reaches the trainer; --steps stops this invocation, the run keeps its length
+    calls = []
+    monkeypatch.setattr("musketeers.trainer.train",
+                        lambda cfg, **kw: calls.append((cfg, kw)) or {})
     result = runner.invoke(cli_main.app, ["train", "--resume", "--run-dir", str(run),
                                           "--method", "perceiver", "--steps", "9"])
-    assert "no checkpoint" in str(result.exception)
+    assert result.exit_code == 0, result.output
+    (cfg, kw), = calls
+    assert cfg.steps == 300 and kw == {"resume": True, "stop_after": 9}
     assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]
+    result = runner.invoke(cli_main.app, ["train", "--resume", "--run-dir", str(run),
+                                          "--steps", "301"])
+    assert "the run has 300 steps and keeps them" in str(result.exception)
 
 
 def test_cli_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch):
@@ -151,3 +159,74 @@ def test_cli_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypat
             cli_main.main()
         assert exit_info.value.code == 2
     assert not (tmp_path / "r").exists() and not (tmp_path / "runs").exists()
+
+
+def test_bad_input_is_refused_in_one_line_before_anything_is_created(tmp_path, monkeypatch):
+    """Binary files, a negative seed, CUDA on a machine without it, two ways to pick a team:
+    each a one-line UserError naming the fix, exit 2, no run folder."""
+    import torch
+
+    from musketeers.cli import main as cli_main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    garbage = tmp_path / "garbage.bin"
+    garbage.write_bytes(bytes(range(256)) * 4)
+    cases = [
+        (["--config", str(garbage)], "not UTF-8 text; pass a YAML file to --config"),
+        (["--team-file", str(garbage), "--budget", "smoke"], "not UTF-8 text; pass a YAML team"),
+        (["--seed", "-1"], "'seed' must be >= 0, got -1"),
+        (["--device", "cuda"], "needs CUDA, which this machine lacks; pass --device cpu"),
+        (["--device", "gpu0"], "unknown device 'gpu0'"),
+        (["--team", "naive", "--experts", "a,b"], "--team and --experts both given; give one"),
+        (["--experts", "a", "--team-file", str(garbage)], "give one of --team, --experts or"),
+    ]
+    runner = CliRunner()
+    for args, match in cases:
+        full = ["train", *args, "--run-dir", "r"]
+        result = runner.invoke(cli_main.app, full)
+        assert isinstance(result.exception, UserError), (args, result.exception)
+        assert match in str(result.exception) and "\n" not in str(result.exception), args
+        monkeypatch.setattr("sys.argv", ["musketeers", *full])
+        with pytest.raises(SystemExit) as exit_info:
+            cli_main.main()
+        assert exit_info.value.code == 2
+    assert not (tmp_path / "r").exists() and not (tmp_path / "runs").exists()
+
+
+def test_a_yaml_team_is_replaced_by_the_command_lines(tmp_path):
+    path = write(tmp_path, {"experts": ["a", "b"]})
+    cfg = resolve_config(path, {"team": "naive"})
+    assert cfg.team == "naive" and cfg.experts is None
+    # a saved config.yaml holds the default team beside its experts: still readable as --config
+    assert resolve_config(write(tmp_path, {"team": "default", "experts": ["a"]})).experts == ["a"]
+
+
+@pytest.mark.parametrize("command, raised, code, said", [
+    ("train", KeyboardInterrupt, 130, "interrupted (SIGINT); resume it with: musketeers train "
+                                      "--run-dir {run} --resume"),
+    ("train", SystemExit(143), 143, "interrupted (SIGTERM); resume it with: musketeers train "
+                                    "--run-dir {run} --resume"),
+    ("precompute", KeyboardInterrupt, 130, "interrupted (SIGINT); run the same command again "
+                                           "to resume"),
+])
+def test_interrupts_say_how_to_resume_and_keep_the_exit_status(tmp_path, monkeypatch, capsys,
+                                                               command, raised, code, said):
+    import signal
+
+    from musketeers.cli import main as cli_main
+
+    def interrupted(*args, **kwargs):
+        raise raised
+
+    monkeypatch.setattr("musketeers.trainer.train", interrupted)
+    monkeypatch.setattr("musketeers.features.precompute_features", interrupted)
+    monkeypatch.setattr(signal, "signal", lambda *a: None)  # keep pytest's own handlers
+    run = tmp_path / "r"
+    args = ["train", "--budget", "smoke", "--run-dir", str(run)] if command == "train" else [
+        "precompute", "--task", "logic", "--cache-dir", str(tmp_path / "stores")]
+    monkeypatch.setattr("sys.argv", ["musketeers", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main.main()
+    assert exit_info.value.code == code
+    assert said.format(run=run) in capsys.readouterr().err

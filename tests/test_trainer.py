@@ -150,11 +150,11 @@ def test_nan_stops_and_keeps_last_good_checkpoint(planted_store, tmp_path, where
     run = tmp_path / "run"
 
     def fault(step: int, name: str, t: torch.Tensor) -> torch.Tensor:
-        return t * float("nan") if (step == 2 and name == where) else t
+        return t * float("nan") if (step == 2 and name == where) else t  # 0-based: the third
 
     name = "gradient" if where == "grad_norm" else where
-    # the fault hits 0-based step 2, the third update: metrics.jsonl would call it step 3
-    with pytest.raises(NonFiniteError, match=f"step 3: {name}"):
+    # the message numbers steps as metrics.jsonl does: rows 1 and 2 are logged, step 3 failed
+    with pytest.raises(NonFiniteError, match=f"^step 3: {name}"):
         train(small("perceiver", planted_store, run, steps=4, save_every=1), fault=fault)
     assert [p.name for p in ckpt.list_checkpoints(run)] == ["step-000001", "step-000002"]
     assert [r["step"] for r in metrics(run)] == [1, 2]

@@ -221,15 +221,12 @@ def _default_config_fn(fields: dict[str, Any]) -> Any:
 
 
 def _default_train_fn(cfg: Any) -> Path:
-    """Train, resuming from the last checkpoint of an earlier, interrupted attempt."""
-    from musketeers import checkpoint
+    """Train, resuming an earlier, interrupted attempt (from step 0 if it saved no checkpoint)."""
+    from musketeers.runfolder import has_run
     from musketeers.trainer import train
 
     run = cfg.run_path()
-    resume = checkpoint.latest_checkpoint(run) is not None
-    if not resume:  # metrics without a checkpoint hold nothing to resume from
-        (run / "metrics.jsonl").unlink(missing_ok=True)
-    train(cfg, resume=resume)
+    train(cfg, resume=has_run(run))
     return run
 
 

@@ -1,0 +1,106 @@
+"""How much GRPO signal an untrained policy gets, per task, prompt style, extraction and budget.
+
+    python -m musketeers.bench.signal --tasks arithmetic,arithmetic:easy@direct \\
+        --policy qwen2.5-coder-0.5b-instruct --prompts 16 --group 4 --tokens 24,48,128
+
+For each task it samples G completions (T = 1) of the policy alone, π(y | x), for the first
+``--prompts`` train items, once, at the largest token budget. A smaller budget's completions
+are their first T tokens (sampling is autoregressive, so that is exactly what a run with
+``max_new_tokens = T`` would draw), graded with both extractions. One row per (task, budget,
+extraction): mean reward (= mean task score), exact (share scoring 1), the share of groups
+whose G rewards differ (the only groups GRPO learns from), truncated and answered shares, and
+seconds per completion at the full budget. Rows go to stdout as a Markdown table and, with
+``--out``, to a JSONL file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def measure(task: str, policy, prompts: int, group: int, budgets: list[int],
+            seed: int = 0) -> list[dict[str, Any]]:
+    """Rows for one task (see the module docstring)."""
+    from musketeers.tasks import EXTRACTIONS, build_items, extract_answer, score
+
+    items = build_items(task, "train", limit=prompts)
+    generator = torch.Generator().manual_seed(seed)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        comps = policy.generate(policy.encode_prompts(items), None, group_size=group,
+                                max_new_tokens=max(budgets), temperature=1.0, greedy=False,
+                                generator=generator)
+    per_completion = (time.perf_counter() - t0) / len(comps)
+    eos = set(policy.eos_ids)
+    rows = []
+    for budget in budgets:
+        cut = [c[:budget] for c in comps]
+        ended = [bool(c) and c[-1] in eos for c in cut]
+        texts = [policy.decode(c) for c in cut]
+        for extraction in EXTRACTIONS:
+            scores = np.array([score(items[i // group], t, extraction)
+                               for i, t in enumerate(texts)]).reshape(len(items), group)
+            answered = [extract_answer(t, extraction) is not None for t in texts]
+            rows.append({
+                "task": task, "max_new_tokens": budget, "extraction": extraction,
+                "reward_mean": float(scores.mean()), "exact": float((scores >= 1).mean()),
+                "groups_with_signal": float((scores.max(1) - scores.min(1) > 1e-6).mean()),
+                "truncated": float(np.mean([not e for e in ended])),
+                "answered": float(np.mean(answered)),
+                "completion_len": float(np.mean([len(c) for c in cut])),
+                "s_per_completion": per_completion if budget == max(budgets) else None,
+                "prompts": len(items), "group": group,
+            })
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]], policy: str) -> str:
+    head = ("| policy | task | tokens | extraction | reward | exact | groups w/ signal | "
+            "truncated | answered | s / completion |")
+    lines = [head, "|" + "---|" * 10]
+    for r in rows:
+        s = "" if r["s_per_completion"] is None else f"{r['s_per_completion']:.2f}"
+        lines.append(f"| {policy} | {r['task']} | {r['max_new_tokens']} | {r['extraction']} | "
+                     f"{r['reward_mean']:.3f} | {r['exact']:.3f} | "
+                     f"{r['groups_with_signal']:.2f} | {r['truncated']:.2f} | "
+                     f"{r['answered']:.2f} | {s} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from musketeers.build import build_policy
+    from musketeers.config import TrainConfig
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tasks", required=True, help="comma-separated task names")
+    p.add_argument("--policy", default="qwen2.5-coder-0.5b-instruct")
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--group", type=int, default=4)
+    p.add_argument("--tokens", default="24,48,128", help="comma-separated token budgets")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", type=Path, default=None, help="append rows to this JSONL file")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    budgets = sorted({int(t) for t in args.tokens.split(",")})
+    policy = build_policy(TrainConfig(policy=args.policy, dtype=args.dtype))
+    rows = []
+    for task in [t for t in args.tasks.split(",") if t]:
+        got = measure(task, policy, args.prompts, args.group, budgets)
+        rows += got
+        print(markdown(got, args.policy), flush=True)
+        if args.out:
+            with open(args.out, "a") as f:
+                f.writelines(json.dumps({"policy": args.policy, **r}) + "\n" for r in got)
+
+
+if __name__ == "__main__":
+    main()

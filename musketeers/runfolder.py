@@ -1,0 +1,174 @@
+"""A run folder's bookkeeping: its writer lock, the stores it started on, start or resume.
+
+``runs/<name>/`` is written by one training at a time: ``train`` holds ``runs/<name>.lock`` (the
+store's lock helper, so a killed run never leaves a stale lock) for the whole run. A fresh run
+records the fingerprints of what it reads (the train split's items, each expert's and, for
+hard routing, the router's) in ``fingerprints.json``; ``--resume`` compares them with the store
+it is given and refuses another, so ``--cache-dir`` may move a store but never swap it.
+
+The start / resume decision, made before any model loads:
+
+* no run in the folder: start; ``--resume`` is refused (nothing to resume);
+* a run in the folder: ``--resume`` continues it from its newest intact checkpoint, or, when it
+  was killed before its first checkpoint, restarts it in place from step 0 (and says so);
+  without ``--resume`` it is refused, naming ``--resume``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import zarr
+
+from musketeers import checkpoint as ckpt
+from musketeers.build import expert_names_for
+from musketeers.cache.errors import UserError
+from musketeers.cache.store import ROUTER_ENCODER, Lock, lock_path, store_path
+from musketeers.config import TrainConfig, read_run_config, save_config
+from musketeers.runlog import truncate_metrics
+
+log = logging.getLogger("musketeers.train")
+
+FINGERPRINTS = "fingerprints.json"
+SPLIT = "train"  # what training reads; eval's val split is checked by its own reader
+
+
+def resume_command(run: Path) -> str:
+    return f"musketeers train --run-dir {run} --resume"
+
+
+def check_run_dir(run: Path) -> None:
+    """Refuse a run folder that cannot be one, before anything loads or is created."""
+    if run.exists() and not run.is_dir():
+        raise UserError(f"run dir {run} is a file; pass a folder with --run-dir")
+    existing = next(p for p in (run, *run.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"run dir {run} cannot be created under {existing} (not a writable "
+                        "folder); pass another --run-dir")
+
+
+@contextlib.contextmanager
+def locked(run: Path) -> Iterator[None]:
+    """Hold the run folder's writer lock; UserError naming the holder's PID if it is taken."""
+    check_run_dir(run)
+    busy = (f"run folder {run} is being trained by another process (PID {{pid}}); wait for it "
+            "to finish or pass another --run-dir")
+    with disk_errors(run):
+        run.parent.mkdir(parents=True, exist_ok=True)
+    with Lock(lock_path(run), busy=busy):
+        yield
+
+
+@contextlib.contextmanager
+def disk_errors(run: Path) -> Iterator[None]:
+    """A failed write (torch.save reports a full disk as RuntimeError 'unexpected pos') becomes
+    the one-line fix; the run's last checkpoint is intact, so --resume continues it."""
+    try:
+        yield
+    except (OSError, RuntimeError) as exc:
+        why = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise UserError(f"disk full or unwritable: writing {run} failed ({why}); free space and "
+                        f"run again with --resume: {resume_command(run)}") from None
+
+
+def has_run(run: Path) -> bool:
+    return ((run / "metrics.jsonl").exists() or (run / "config.yaml").exists()
+            or bool(ckpt.list_checkpoints(run)))
+
+
+def store_fingerprints(cfg: TrainConfig, experts: list[str]) -> dict[str, Any]:
+    """The fingerprints of what the run reads, from the store attrs (None where absent)."""
+    path = store_path(cfg.cache_dir, cfg.task)
+    found: dict[str, Any] = {"cache_dir": str(cfg.cache_dir), "items": None,
+                             "experts": dict.fromkeys(experts)}
+    if cfg.method == "hard_routing":
+        found["router"] = None
+    try:
+        split = zarr.open_group(path, mode="r")[SPLIT]
+    except Exception:  # noqa: BLE001 - absent or unreadable: the reader names the fix later
+        return found
+    with contextlib.suppress(KeyError):
+        found["items"] = split["items"].attrs.get("items_fingerprint")
+    for name in experts:
+        with contextlib.suppress(KeyError):
+            found["experts"][name] = split["experts"][name].attrs.get("fingerprint")
+    if "router" in found:
+        with contextlib.suppress(KeyError):
+            found["router"] = split["router"][ROUTER_ENCODER].attrs.get("fingerprint")
+    return found
+
+
+def _differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    diffs = ["items"] if saved.get("items") != now["items"] else []
+    names = dict.fromkeys([*saved.get("experts", {}), *now["experts"]])
+    diffs += [f"expert {n}" for n in names
+              if saved.get("experts", {}).get(n) != now["experts"].get(n)]
+    if ("router" in saved or "router" in now) and saved.get("router") != now.get("router"):
+        diffs.append("router")
+    return diffs
+
+
+def prepare(cfg: TrainConfig, run: Path, resume: bool) -> dict[str, Any]:
+    """The start / resume decision and the store check, before any model loads; returns the
+    store fingerprints ``begin`` records."""
+    if not resume and has_run(run):
+        raise UserError(f"run folder {run} already has a run; pass --resume to continue it (from "
+                        "step 0 if it has no checkpoint yet) or another --run-dir")
+    if resume and not has_run(run):
+        raise UserError(f"nothing to resume in {run} (no run there); start it without --resume")
+    now = store_fingerprints(cfg, expert_names_for(cfg))
+    if not resume:
+        return now
+    if (run / "config.yaml").is_file():
+        steps = read_run_config(run).steps
+        if steps != cfg.steps:  # the LR schedule and the summary are sized by it
+            raise UserError(f"--resume keeps the run's {steps} steps (asked {cfg.steps}); "
+                            "keep its steps, or start a new --run-dir for another length")
+    saved_path = run / FINGERPRINTS
+    if saved_path.is_file():
+        saved = json.loads(saved_path.read_text())
+        diffs = _differences(saved, now)
+        if diffs:
+            where = store_path(cfg.cache_dir, cfg.task)
+            raise UserError(
+                f"store {where} is not the one {run} started on ({', '.join(diffs)} differ); "
+                f"pass --cache-dir {saved.get('cache_dir')}, the store it started on, or start "
+                "a new --run-dir")
+    else:  # a run from before fingerprints were recorded: from now on it is checked
+        log.warning("%s has no %s; recording the store it resumes on", run, FINGERPRINTS)
+    return now
+
+
+def restore(run: Path, resume: bool, model, adapter, optimizer, scheduler, generator) -> int:
+    """The step the loop starts at: the newest intact checkpoint's, or 0 (said plainly when a
+    resumed run had none); metrics.jsonl keeps only the rows before it."""
+    if not resume:
+        return 0
+    state = ckpt.load_latest(run, model, adapter, optimizer, scheduler, generator)
+    start = state["step"] if state is not None else 0
+    if state is None:
+        log.warning("%s has no checkpoint yet (killed before its first save): restarting it "
+                    "from step 0 in place", run)
+    else:
+        log.info("resuming %s from step %d", run, start)
+    with disk_errors(run):
+        truncate_metrics(run / "metrics.jsonl", start)
+    return start
+
+
+def begin(cfg: TrainConfig, run: Path, fingerprints: dict[str, Any]) -> None:
+    """Create the folder and write config.yaml and fingerprints.json (each atomically)."""
+    with disk_errors(run):
+        run.mkdir(parents=True, exist_ok=True)
+        tmp = run / "config.yaml.tmp"
+        save_config(cfg, tmp)
+        os.replace(tmp, run / "config.yaml")
+        tmp = run / f"{FINGERPRINTS}.tmp"
+        tmp.write_text(json.dumps(fingerprints, indent=1, sort_keys=True))
+        os.replace(tmp, run / FINGERPRINTS)
