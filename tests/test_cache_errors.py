@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import sys
 
 import pytest
@@ -88,11 +89,13 @@ def test_fingerprint_mismatch_refused_and_store_untouched(built):
     cache_dir, items = built
     before = tree_hash(cache_dir)
     fp32_as_bf16 = PrecomputeConfig(chunk_rows=4, router=False, dtype=torch.bfloat16)
-    with pytest.raises(UserError, match="--experts tiny-llama --force"):
+    # Runnable as printed: this folder, this item count, this expert (not the pocket team).
+    fix = f"--experts tiny-llama --cache-dir {cache_dir} --limit 5 --force"
+    with pytest.raises(UserError, match=re.escape(fix)):
         precompute_task(cache_dir, "toy", {"v": 1}, items, [tiny_specs()[0]], fp32_as_bf16)
-    with pytest.raises(UserError, match="--force"):
+    with pytest.raises(UserError, match=re.escape(fix)):
         precompute_task(cache_dir, "toy", {"v": 2}, items, [tiny_specs()[0]], CFG)
-    with pytest.raises(UserError, match="other items"):
+    with pytest.raises(UserError, match="other items.*--limit 6 --force"):
         precompute_task(cache_dir, "toy", {"v": 1}, {"train": make_items(6)}, [], CFG)
     assert tree_hash(cache_dir) == before
 
