@@ -352,7 +352,8 @@ def precompute_task(cache_dir: str | Path, task: str, task_spec: dict,
     team = ",".join(st.expert_arg(s.name, s.kind, s.ref) for s in specs) or None
 
     def rebuild(experts: str | None = None) -> str:
-        return st.precompute_command(task, experts or team, cache_dir, force=True, limit=limit)
+        return st.precompute_command(task, experts or team, cache_dir, force=True, limit=limit,
+                                     hints=cfg.hints)
 
     # Rank 0 alone holds the store's lock for the whole sharded run: other ranks write only
     # their own chunks inside it, and a second, unrelated precompute is still refused.
@@ -365,7 +366,7 @@ def precompute_task(cache_dir: str | Path, task: str, task_spec: dict,
         if exc.errno != errno.ENOSPC:
             raise
         # Every chunk is flagged only after its writes: a rerun resumes where this one stopped.
-        resume = st.precompute_command(task, team, cache_dir, limit=limit)
+        resume = st.precompute_command(task, team, cache_dir, limit=limit, hints=cfg.hints)
         raise UserError(f"no space left on device while writing {path}; free space, then "
                         f"resume with: {resume}") from None
     finally:

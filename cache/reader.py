@@ -22,7 +22,8 @@ def _fix(cache_dir: str | Path, task: str, experts: str | None = None, force: bo
          hints: bool = False) -> str:
     """The command that repairs what was found, in this cache dir, at the store's size."""
     path = st.store_path(cache_dir, task)
-    experts = experts or st.stored_experts(path)
+    stored, has_hints = st.stored_experts(path)
+    experts, hints = experts or stored, hints or has_hints
     return st.precompute_command(task, experts, cache_dir, force, st.store_limit(path), hints)
 
 

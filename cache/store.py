@@ -84,10 +84,12 @@ def expert_arg(name: str, kind: str | None = None, ref: str | None = None) -> st
     return ref if kind in ("dir", "hub") and ref else name
 
 
-def stored_experts(path: Path) -> str | None:
+def stored_experts(path: Path) -> tuple[str | None, bool]:
     """``--experts`` naming every expert a store holds, so a repair command recomputes what is
-    there (without it precompute would add the default team). None if there are none."""
+    there (without it precompute would add the default team), None if there are none; and
+    whether it holds hints (a recomputed group must get them back: ``--hints``)."""
     args: dict[str, None] = {}
+    hints = False
     for split in SPLITS:
         try:
             experts = zarr.open_group(path, path=f"{split}/experts", mode="r")
@@ -96,11 +98,12 @@ def stored_experts(path: Path) -> str | None:
             continue
         for name in names:
             try:
+                hints = hints or "hints" in child_names(experts[name])
                 spec = experts[name].attrs["fingerprint"]["expert"]
                 args[expert_arg(name, spec["kind"], spec["ref"])] = None
             except Exception:  # noqa: BLE001 - a damaged group is known by its name
                 args[name] = None
-    return ",".join(args) or None
+    return ",".join(args) or None, hints
 
 
 def store_limit(path: Path) -> int | None:

@@ -195,8 +195,10 @@ def repair_command(path: Path, problems: list, cache_dir: Path) -> str:
         parts = p.where.split("/")
         if len(parts) >= 3 and parts[1] == "experts":
             experts.append(expert_arg(parts[2], *_expert_ref(path, "/".join(parts[:3]))))
-    names = ",".join(dict.fromkeys(experts)) or stored_experts(path)
-    return precompute_command(task, names, cache_dir, force=root_bad, limit=store_limit(path))
+    stored, hints = stored_experts(path)
+    names = ",".join(dict.fromkeys(experts)) or stored
+    return precompute_command(task, names, cache_dir, force=root_bad, limit=store_limit(path),
+                              hints=hints)
 
 
 def _expert_ref(path: Path, group: str) -> tuple[str | None, str | None]:
