@@ -21,6 +21,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -213,6 +214,48 @@ def _convert_gguf(spec: ExpertSpec, out: Path) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def check_expert(spec: ExpertSpec) -> None:
+    """Cheap checks that catch a bad expert before a store is touched: a local folder must
+    hold a readable ``config.json`` (loading it would fail with a traceback after the items
+    were stored)."""
+    if spec.kind not in KINDS:
+        raise UserError(f"expert {spec.name!r}: unknown kind {spec.kind!r}; use one of {KINDS}")
+    if spec.kind != "dir":
+        return
+    folder = Path(spec.ref)
+    if not folder.is_dir():
+        raise UserError(f"expert {spec.name!r}: folder {spec.ref} does not exist")
+    try:
+        config = json.loads((folder / "config.json").read_text("utf-8"))
+    except (OSError, ValueError) as exc:
+        why = "has no config.json" if isinstance(exc, FileNotFoundError) else (
+            "has an unreadable config.json")
+        raise UserError(f"expert {spec.name!r}: {folder} {why}; pass a model folder written by "
+                        f"save_pretrained (config.json, weights, tokenizer)") from None
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise UserError(f"expert {spec.name!r}: {folder}/config.json has no model_type; pass a "
+                        f"model folder written by save_pretrained")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def remove_stale_tmp(out: Path) -> None:
+    """Remove ``<out>.tmpPID`` folders (and their ``.gguf-work``) of conversions whose process
+    died (killed mid-conversion); a live one is another conversion under way."""
+    for tmp in out.parent.glob(out.name + ".tmp*"):
+        m = re.fullmatch(re.escape(out.name) + r"\.tmp(\d+)(\.gguf-work)?", tmp.name)
+        if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def resolve_local(spec: ExpertSpec) -> str:
     """A folder or hub id ``from_pretrained`` can load offline; converts/builds once if needed."""
     if spec.kind not in KINDS:
@@ -220,12 +263,12 @@ def resolve_local(spec: ExpertSpec) -> str:
     if spec.kind == "hub":
         return spec.ref
     if spec.kind == "dir":
-        if not Path(spec.ref).is_dir():
-            raise UserError(f"expert {spec.name!r}: folder {spec.ref} does not exist")
+        check_expert(spec)
         return spec.ref
     out = models_dir() / f"{spec.name}-{spec_key(spec)}"
     if (out / "config.json").exists():
         return str(out)
+    remove_stale_tmp(out)
     tmp = out.parent / (out.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -251,7 +294,11 @@ def load_expert(spec: ExpertSpec, device: str = "cpu", dtype: torch.dtype = torc
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, dtype="auto")
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
+        if spec.kind == "dir":
+            raise UserError(f"expert {spec.name!r}: {source} is not a loadable model folder "
+                            f"({type(exc).__name__}); pass a folder written by save_pretrained"
+                            ) from None
         raise UserError(
             f"expert {spec.name!r}: {source} is not available offline; download it into the "
             f"HF cache (huggingface-cli download {source}) or pass a local folder with --experts"

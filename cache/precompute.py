@@ -13,6 +13,7 @@ Truncation rule: a prompt longer than the expert's context (or ``max_length``) k
 
 from __future__ import annotations
 
+import errno
 import gc
 import logging
 from collections.abc import Callable
@@ -25,10 +26,13 @@ import zarr
 
 from musketeers.cache import store as st
 from musketeers.cache.backbone import Backbone, forward_pool, length_batches, pad, want_compile
+from musketeers.cache.devices import resolve_device as resolve_device  # re-exported
+from musketeers.cache.devices import resolve_dtype as resolve_dtype  # re-exported
 from musketeers.cache.dist import Dist
 from musketeers.cache.errors import UserError
 from musketeers.cache.experts import (
     ExpertSpec,
+    check_expert,
     load_expert,
     resolve_local,
     tokenizer_fingerprint,
@@ -39,6 +43,7 @@ from musketeers.cache.progress import progress
 from musketeers.cache.verify import corrupt_chunks
 
 log = logging.getLogger("musketeers.precompute")
+Rebuild = Callable[..., str]  # (experts=None) -> the ``--force`` command that rebuilds
 
 
 @dataclass
@@ -54,35 +59,6 @@ class PrecomputeConfig:
     force: bool = False
     router: bool = True
     compile: str = "auto"  # torch.compile the backbone: auto (large CUDA runs), on, off
-
-
-def cpu_has_bf16() -> bool:
-    """bf16 pays off on CPUs with native bf16 dot products (avx512_bf16 or AMX)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda but no CUDA device is available; use --device cpu")
-    if device not in ("cpu", "cuda"):
-        raise UserError(f"unknown device {device!r}; use auto, cpu or cuda")
-    return device
-
-
-def resolve_dtype(dtype: str, device: str) -> torch.dtype:
-    if dtype == "auto":
-        fast = device == "cuda" or cpu_has_bf16()
-        return torch.bfloat16 if fast else torch.float32
-    table = {"bf16": torch.bfloat16, "fp32": torch.float32}
-    if dtype not in table:
-        raise UserError(f"unknown dtype {dtype!r}; use auto, bf16 or fp32")
-    return table[dtype]
 
 
 def prompt_ids(tokenizer, item: Item) -> list[int]:
@@ -180,17 +156,26 @@ def run_chunks(g: zarr.Group, n: int, chunk_rows: int, dist: Dist, desc: str,
 def prepare_group(split: zarr.Group, path: str, fingerprint: dict, cfg: PrecomputeConfig,
                   rebuild: str, make: Callable[[zarr.Group], None]) -> bool:
     """Whether the group needs work. Creates it, refuses a fingerprint mismatch, or marks the
-    chunks that ``verify`` finds corrupt as not done so they are recomputed."""
-    g = split.get(path)
-    # No fingerprint yet: a run was killed while creating the group; nothing in it counts.
-    if g is not None and (cfg.force or g.attrs.get("fingerprint") is None):
-        del split[path]
+    chunks that ``verify`` finds corrupt or absent as not done so they are recomputed."""
+    kind, name = path.split("/")
+    parent = st.require_container(split, kind)
+    try:
+        g = st.child(parent, name)
+        # No fingerprint (killed while creating it), a lost or unreadable array: the group's
+        # rows cannot be trusted, and recomputing it costs what resuming every chunk would.
+        damage = None if g is None or cfg.force else st.unit_damage(g)
+    except st.Damaged:
+        g, damage = True, "unreadable metadata"
+    if g is not None and (cfg.force or damage):
+        if damage:
+            log.warning("%s/%s: %s; recomputing it", split.path, path, damage)
+        del parent[name]
         g = None
     if g is not None:
         if g.attrs.get("fingerprint") != fingerprint:
             raise UserError(f"{split.path}/{path} was built from other inputs; rebuild: {rebuild}")
         return _reopen_bad(g, "done", "complete")
-    g = split.require_group(path)
+    g = parent.require_group(name)
     g.attrs.update({"complete": False, "fingerprint": None})
     make(g)
     g.attrs.update({"fingerprint": fingerprint})
@@ -236,18 +221,25 @@ def finish(g: zarr.Group, dist: Dist, flag: str = "done", attr: str = "complete"
 
 
 def write_split_items(root: zarr.Group, split: str, items: list[Item], task: str,
-                      cfg: PrecomputeConfig, dist: Dist) -> None:
-    """Items are built once and stored once per split, before any expert runs."""
+                      cfg: PrecomputeConfig, dist: Dist, rebuild: Rebuild) -> None:
+    """Items are built once and stored once per split, before any expert runs; damaged items
+    are rewritten (the same items: the experts' rows stay valid)."""
     fp = items_fingerprint(items)
 
     def write() -> None:
-        sg = root.require_group(split)
-        state = st.items_ready(sg, fp)
+        sg = st.require_container(root, split)
+        try:
+            g = st.child(sg, "items")
+            damaged = g is not None and st.unit_damage(g) is not None
+        except st.Damaged:
+            g, damaged = None, True
+        if damaged:
+            log.warning("%s/%s/items: damaged; rewriting them", task, split)
+            del sg["items"]
+        state = None if damaged else st.items_ready(sg, fp)
         if state is False and not cfg.force:
-            raise UserError(
-                f"{task}/{split} holds other items (another --limit or task version); "
-                f"rebuild: {st.rebuild_command(task)}"
-            )
+            raise UserError(f"{task}/{split} holds other items (another --limit or task "
+                            f"version); rebuild: {rebuild()}")
         if state is False:
             del root[split]
             sg = root.require_group(split)
@@ -272,14 +264,14 @@ def expert_fingerprint(spec: ExpertSpec, model, tokenizer, cfg: PrecomputeConfig
 
 
 def precompute_expert(root: zarr.Group, splits: dict[str, list[Item]], spec: ExpertSpec,
-                      task: str, cfg: PrecomputeConfig, dist: Dist) -> None:
+                      task: str, cfg: PrecomputeConfig, dist: Dist, rebuild: Rebuild) -> None:
     dist.on_rank0(lambda: resolve_local(spec))  # converts/builds once, before others load
     model, tokenizer = load_expert(spec, cfg.device, cfg.dtype)
     backbone = Backbone(model, want_compile(cfg.compile, sum(map(len, splits.values())),
                                             cfg.device))
     n_layers = model.config.get_text_config().num_hidden_layers
     d = model.config.get_text_config().hidden_size
-    rebuild = st.rebuild_command(task, spec.name)
+    fix = rebuild(st.expert_arg(spec.name, spec.kind, spec.ref))
     for split, items in splits.items():
         sg = root[split]
         fp = expert_fingerprint(spec, model, tokenizer, cfg, items_fingerprint(items))
@@ -289,7 +281,7 @@ def precompute_expert(root: zarr.Group, splits: dict[str, list[Item]], spec: Exp
             g.attrs.update({"n_layers": n_layers, "d": d,
                             "dtype": str(cfg.dtype).removeprefix("torch.")})
 
-        g, work = _prepare(sg, f"experts/{spec.name}", fp, cfg, rebuild, make, dist)
+        g, work = _prepare(sg, f"experts/{spec.name}", fp, cfg, fix, make, dist)
         desc = f"{task}/{split} {spec.name}"
         if work:
             def compute(lo, hi, items=items):
@@ -317,7 +309,7 @@ def _prepare(sg, path, fp, cfg, rebuild, make, dist: Dist):
 
 
 def precompute_router(root: zarr.Group, splits: dict[str, list[Item]], task: str,
-                      cfg: PrecomputeConfig, dist: Dist) -> None:
+                      cfg: PrecomputeConfig, dist: Dist, rebuild: Rebuild) -> None:
     from musketeers.cache import router
 
     model, tokenizer = router.load_encoder(cfg.device)
@@ -330,7 +322,7 @@ def precompute_router(root: zarr.Group, splits: dict[str, list[Item]], task: str
             st.create_done(g, n, cfg.chunk_rows)
 
         g, work = _prepare(root[split], f"router/{st.ROUTER_ENCODER}", fp, cfg,
-                           st.rebuild_command(task), make, dist)
+                           rebuild(), make, dist)
         if not work:
             continue
 
@@ -346,23 +338,55 @@ def precompute_task(cache_dir: str | Path, task: str, task_spec: dict,
                     splits: dict[str, list[Item]], specs: list[ExpertSpec],
                     cfg: PrecomputeConfig, dist: Dist | None = None) -> Path:
     """Store every expert's poolings (and router embeddings) for a task's splits."""
+    for split, items in splits.items():
+        if not items:
+            raise UserError(f"task {task} has no {split} items; check its source data")
+    for spec in specs:
+        check_expert(spec)  # a bad --experts folder fails before the store is touched
     dist = dist or Dist.from_env()
     root_dir = st.check_cache_dir(cache_dir)
     path = st.store_path(root_dir, task)
+    # Fix commands rebuild this store as it is being built: same folder, same item count.
+    limit = max(len(items) for items in splits.values()) if splits else None
+
+    team = ",".join(st.expert_arg(s.name, s.kind, s.ref) for s in specs) or None
+
+    def rebuild(experts: str | None = None) -> str:
+        return st.precompute_command(task, experts or team, cache_dir, force=True, limit=limit,
+                                     hints=cfg.hints)
+
     # Rank 0 alone holds the store's lock for the whole sharded run: other ranks write only
     # their own chunks inside it, and a second, unrelated precompute is still refused.
     lock = st.Lock(st.lock_path(path))
     dist.on_rank0(lock.acquire)
     try:
-        dist.on_rank0(lambda: st.open_root(path, task, task_spec, force=cfg.force) and None)
-        root = zarr.open_group(path, mode="r+")
-        for split, items in splits.items():
-            write_split_items(root, split, items, task, cfg, dist)
-        if cfg.router:
-            precompute_router(root, splits, task, cfg, dist)
-        for spec in specs:
-            precompute_expert(root, splits, spec, task, cfg, dist)
-            gc.collect()  # the expert's weights (its locals are gone) before the next loads
+        with st.dense_writes():
+            _fill(path, task, task_spec, splits, specs, cfg, dist, rebuild)
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        # Every chunk is flagged only after its writes: a rerun resumes where this one stopped.
+        resume = st.precompute_command(task, team, cache_dir, limit=limit, hints=cfg.hints)
+        raise UserError(f"no space left on device while writing {path}; free space, then "
+                        f"resume with: {resume}") from None
     finally:
         lock.release()
     return path
+
+
+def _fill(path: Path, task: str, task_spec: dict, splits: dict[str, list[Item]],
+          specs: list[ExpertSpec], cfg: PrecomputeConfig, dist: Dist, rebuild: Rebuild) -> None:
+    def open_root() -> None:
+        if path.exists():
+            st.remove_partials(path)  # safe: the lock is held, no write is under way
+        st.open_root(path, task, task_spec, force=cfg.force, rebuild=rebuild())
+
+    dist.on_rank0(open_root)
+    root = zarr.open_group(path, mode="r+")
+    for split, items in splits.items():
+        write_split_items(root, split, items, task, cfg, dist, rebuild)
+    if cfg.router:
+        precompute_router(root, splits, task, cfg, dist, rebuild)
+    for spec in specs:
+        precompute_expert(root, splits, spec, task, cfg, dist, rebuild)
+        gc.collect()  # the expert's weights (its locals are gone) before the next loads

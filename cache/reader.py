@@ -18,8 +18,13 @@ from musketeers.cache.items import Item
 POOLINGS = ("last", "first_token", "random_token", "first_layer", "random_layer", "mean")
 
 
-def _fix(task: str, experts: str | None = None) -> str:
-    return st.precompute_command(task, experts)
+def _fix(cache_dir: str | Path, task: str, experts: str | None = None, force: bool = False,
+         hints: bool = False) -> str:
+    """The command that repairs what was found, in this cache dir, at the store's size."""
+    path = st.store_path(cache_dir, task)
+    stored, has_hints = st.stored_experts(path)
+    experts, hints = experts or stored, hints or has_hints
+    return st.precompute_command(task, experts, cache_dir, force, st.store_limit(path), hints)
 
 
 def open_store(cache_dir: str | Path, task: str, experts: list[str] | None = None,
@@ -27,58 +32,105 @@ def open_store(cache_dir: str | Path, task: str, experts: list[str] | None = Non
     """The task's store. ``experts`` (and ``hints``): what the caller will read, so that a
     missing store's error names the command that computes exactly that, in that folder."""
     path = st.store_path(cache_dir, task)
-    if not path.is_dir():
-        fix = st.precompute_command(task, ",".join(experts or []) or None, cache_dir)
-        raise UserError(f"no feature cache for task {task!r} at {path}; run: {fix}"
-                        + (" --hints" if hints else ""))
+    names = ",".join(experts or []) or None
+    if not path.is_dir() or not any(p.suffix != ".partial" for p in path.iterdir()):
+        where = "is empty" if path.is_dir() else "is missing"
+        raise UserError(f"no feature cache for task {task!r} ({path} {where}); run: "
+                        + st.precompute_command(task, names, cache_dir, hints=hints))
     try:
         root = zarr.open_group(path, mode="r")
     except Exception as exc:  # noqa: BLE001
-        raise UserError(
-            f"{path} is not a readable store ({exc}); run: {_fix(task)} --force"
-        ) from exc
+        raise UserError(f"{path} is not a readable store ({st.one_line(exc)}); run: "
+                        f"{_fix(cache_dir, task, names, force=True, hints=hints)}") from None
     if root.attrs.get("format_version") != st.FORMAT_VERSION:
-        raise UserError(f"{path} has another format version; run: {_fix(task)} --force")
+        raise UserError(f"{path} has another format version; run: "
+                        f"{_fix(cache_dir, task, names, force=True, hints=hints)}")
     return root
 
 
-def _split(root: zarr.Group, task: str, split: str) -> zarr.Group:
-    if split not in root or "items" not in root[split]:
-        raise UserError(f"store {task} has no {split!r} split; run: {_fix(task)}")
-    return root[split]
+def _damaged(cache_dir: str | Path, task: str, what: str, why: str,
+             experts: str | None = None, hints: bool = False) -> UserError:
+    return UserError(f"{what} in store {task} is damaged ({why}); run `musketeers cache verify "
+                     f"{task}` then: {_fix(cache_dir, task, experts, hints=hints)}")
 
 
-def _read(arr: zarr.Array, task: str, what: str, experts: str | None = None) -> np.ndarray:
+def _sound(g: zarr.Group, cache_dir: str | Path, task: str, experts: str | None = None,
+           chunks: bool = True) -> zarr.Group:
+    """``g`` if its structure is whole and (``chunks``) every chunk file of its arrays exists:
+    a cheap listing, not a decode (decode errors surface in ``_read``)."""
+    damage = st.unit_damage(g)
+    if damage is None and chunks:
+        for name in st.required_arrays(g):
+            gone = st.missing_chunks(g[name])
+            if gone and name != "done":
+                damage = f"array {name} lost chunk {gone[0]}"
+                break
+    if damage:
+        raise _damaged(cache_dir, task, g.path, damage, experts)
+    return g
+
+
+def _member(g: zarr.Group, name: str, cache_dir: str | Path, task: str,
+            experts: str | None = None) -> zarr.Group | None:
+    try:
+        return st.child(g, name)
+    except st.Damaged as exc:
+        raise _damaged(cache_dir, task, exc.where, "unreadable metadata", experts) from None
+
+
+def _split(root: zarr.Group, cache_dir: str | Path, task: str, split: str) -> zarr.Group:
+    sg = _member(root, split, cache_dir, task)
+    items = _member(sg, "items", cache_dir, task) if sg is not None else None
+    if items is None or items.attrs.get("items_fingerprint") is None:
+        raise UserError(f"store {task} has no {split!r} split; run: {_fix(cache_dir, task)}")
+    return sg
+
+
+def _read(arr: zarr.Array, cache_dir: str | Path, task: str, what: str,
+          experts: str | None = None) -> np.ndarray:
     try:
         return arr[:]
     except Exception as exc:  # noqa: BLE001 - checksum or codec failure
         raise UserError(
             f"{what} in store {task} is corrupt ({type(exc).__name__}); run "
-            f"`musketeers cache verify {task}` then: {_fix(task, experts)}"
+            f"`musketeers cache verify {task}` then: {_fix(cache_dir, task, experts)}"
         ) from exc
 
 
 def read_items(cache_dir: str | Path, task: str, split: str) -> list[Item]:
-    g = _split(open_store(cache_dir, task), task, split)["items"]
-    cols = {f: _read(g[f], task, f"{split}/items/{f}") for f in st.ITEM_FIELDS}
+    g = _sound(_split(open_store(cache_dir, task), cache_dir, task, split)["items"],
+               cache_dir, task)
+    n = int(g.attrs["n"])
+    if n == 0:
+        raise UserError(f"store {task} holds no {split} items; rebuild it with items: "
+                        f"{_fix(cache_dir, task, force=True)}")
+    cols = {f: _read(g[f], cache_dir, task, f"{split}/items/{f}") for f in st.ITEM_FIELDS}
     return [
         Item(**{f: (str(cols[f][i]) or None) if f == "answer" else str(cols[f][i])
                 for f in st.ITEM_FIELDS})
-        for i in range(int(g.attrs["n"]))
+        for i in range(n)
     ]
 
 
-def _expert_group(root: zarr.Group, task: str, split: str, expert: str) -> zarr.Group:
-    sg = _split(root, task, split)
-    path = f"experts/{expert}"
-    if path not in sg:
+def _expert_group(root: zarr.Group, cache_dir: str | Path, task: str, split: str,
+                  expert: str) -> zarr.Group:
+    sg = _split(root, cache_dir, task, split)
+    experts = _member(sg, "experts", cache_dir, task, expert)
+    g = _member(experts, expert, cache_dir, task, expert) if experts is not None else None
+    if g is None:
         raise UserError(f"expert {expert!r} is not cached for {task}/{split}; run: "
-                        f"{_fix(task, expert)}")
-    g = sg[path]
-    if not g.attrs.get("complete"):
+                        f"{_fix(cache_dir, task, expert)}")
+    arg = _expert_arg(g, expert)
+    if g.attrs.get("fingerprint") is not None and not g.attrs.get("complete"):
         raise UserError(f"expert {expert!r} is incomplete in {task}/{split}; run: "
-                        f"{_fix(task, expert)}")
-    return g
+                        f"{_fix(cache_dir, task, arg)}")
+    return _sound(g, cache_dir, task, arg)
+
+
+def _expert_arg(g: zarr.Group, expert: str) -> str:
+    """``--experts`` value that recomputes this group (a folder's path, a hub id, a name)."""
+    spec = (g.attrs.get("fingerprint") or {}).get("expert") or {}
+    return st.expert_arg(expert, spec.get("kind"), spec.get("ref"))
 
 
 def random_layers(n: int, n_layers: int, seed: int, expert_index: int) -> np.ndarray:
@@ -87,9 +139,9 @@ def random_layers(n: int, n_layers: int, seed: int, expert_index: int) -> np.nda
 
 
 def pool_from_group(g: zarr.Group, pooling: str, seed: int, expert_index: int,
-                    task: str, expert: str) -> np.ndarray:
+                    task: str, expert: str, cache_dir: str | Path = "stores") -> np.ndarray:
     def get(name: str) -> np.ndarray:
-        return _read(g[name], task, f"{g.path}/{name}", expert).astype(np.float32)
+        return _read(g[name], cache_dir, task, f"{g.path}/{name}", expert).astype(np.float32)
 
     if pooling == "last":
         return get("last")
@@ -122,19 +174,22 @@ def read_vectors(cache_dir: str | Path, task: str, split: str, experts: list[str
     """One [N, d_i] float32 array per expert, in ``experts`` order."""
     root = open_store(cache_dir, task, experts)
     return [
-        pool_from_group(_expert_group(root, task, split, e), pooling, seed, i, task, e)
+        pool_from_group(_expert_group(root, cache_dir, task, split, e), pooling, seed, i, task,
+                        e, cache_dir)
         for i, e in enumerate(experts)
     ]
 
 
 def read_router(cache_dir: str | Path, task: str, split: str,
                 encoder: str = st.ROUTER_ENCODER) -> np.ndarray:
-    sg = _split(open_store(cache_dir, task), task, split)
-    path = f"router/{encoder}"
-    if path not in sg or not sg[path].attrs.get("complete"):
+    sg = _split(open_store(cache_dir, task), cache_dir, task, split)
+    router = _member(sg, "router", cache_dir, task)
+    g = _member(router, encoder, cache_dir, task) if router is not None else None
+    if g is None or not g.attrs.get("complete"):
         raise UserError(f"router embeddings ({encoder}) missing or incomplete for "
-                        f"{task}/{split}; run: {_fix(task)}")
-    return _read(sg[path]["emb"], task, f"{split}/{path}/emb").astype(np.float32)
+                        f"{task}/{split}; run: {_fix(cache_dir, task)}")
+    g = _sound(g, cache_dir, task)
+    return _read(g["emb"], cache_dir, task, f"{g.path}/emb").astype(np.float32)
 
 
 def read_hints(cache_dir: str | Path, task: str, split: str,
@@ -143,9 +198,12 @@ def read_hints(cache_dir: str | Path, task: str, split: str,
     root = open_store(cache_dir, task, experts, hints=True)
     cols = []
     for e in experts:
-        g = _expert_group(root, task, split, e)
+        g = _expert_group(root, cache_dir, task, split, e)
+        arg = _expert_arg(g, e)
         if not st.hints_complete(g):
             raise UserError(f"expert {e!r} has no complete hints for {task}/{split}; run: "
-                            f"{_fix(task, e)} --hints")
-        cols.append(_read(g["hints"], task, f"{g.path}/hints", e))
+                            f"{_fix(cache_dir, task, arg, hints=True)}")
+        if st.missing_chunks(g["hints"]):
+            raise _damaged(cache_dir, task, f"{g.path}/hints", "lost chunks", arg, hints=True)
+        cols.append(_read(g["hints"], cache_dir, task, f"{g.path}/hints", arg))
     return [[str(c[i]) for c in cols] for i in range(len(cols[0]) if cols else 0)]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
+from zarr.core.sync import sync
 
 from musketeers.cache.errors import UserError
 from musketeers.cache.items import Item
@@ -38,11 +40,17 @@ def store_path(cache_dir: str | Path, task: str) -> Path:
     return Path(cache_dir) / f"{task}.zarr"
 
 
-def check_cache_dir(cache_dir: str | Path) -> Path:
-    """The cache root must be a writable directory (created if absent)."""
+def check_cache_dir(cache_dir: str | Path, create: bool = True) -> Path:
+    """The cache root must be a writable directory (created if absent). ``create=False``
+    only checks, so that option checks can run before anything is created."""
     root = Path(cache_dir)
     if root.exists() and not root.is_dir():
         raise UserError(f"cache dir {root} is a file; pass a directory with --cache-dir")
+    if not create:
+        probe = next((p for p in (root, *root.absolute().parents) if p.exists()), root)
+        if not os.access(probe, os.W_OK | os.X_OK):
+            raise UserError(f"cache dir {root} is not writable; pass another with --cache-dir")
+        return root
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -55,41 +63,200 @@ def check_cache_dir(cache_dir: str | Path) -> Path:
 
 
 def precompute_command(task: str, experts: str | None = None, cache_dir: str | Path | None = None,
-                       force: bool = False) -> str:
-    """The ``musketeers precompute`` command that fills (or, with ``force``, rebuilds) a store;
-    ``--cache-dir`` only when it is not the default ``stores``."""
+                       force: bool = False, limit: int | None = None, hints: bool = False) -> str:
+    """The one builder of every fix command: the ``musketeers precompute`` that fills (or, with
+    ``force``, rebuilds) a store, runnable as printed: ``--cache-dir`` unless it is the default
+    ``stores``, and the ``--limit`` the store holds (see ``store_limit``) so a repair never
+    builds a task's full item set into a small store."""
     cmd = f"musketeers precompute --task {task}"
     if experts:
         cmd += f" --experts {experts}"
     if cache_dir is not None and Path(cache_dir) != Path("stores"):
         cmd += f" --cache-dir {cache_dir}"
-    return cmd + (" --force" if force else "")
+    if limit is not None:
+        cmd += f" --limit {limit}"
+    return cmd + (" --force" if force else "") + (" --hints" if hints else "")
 
 
-def rebuild_command(task: str, experts: str | None = None) -> str:
-    return precompute_command(task, experts, force=True)
+def expert_arg(name: str, kind: str | None = None, ref: str | None = None) -> str:
+    """What ``--experts`` takes for an expert: folders and hub ids by their reference (their
+    slug names resolve to nothing), registry experts by name."""
+    return ref if kind in ("dir", "hub") and ref else name
 
 
-def open_root(path: Path, task: str, task_spec: dict, force: bool = False) -> zarr.Group:
-    """Open or create a task's store; a different task spec is refused unless ``force``."""
+def stored_experts(path: Path) -> tuple[str | None, bool]:
+    """``--experts`` naming every expert a store holds, so a repair command recomputes what is
+    there (without it precompute would add the default team), None if there are none; and
+    whether it holds hints (a recomputed group must get them back: ``--hints``)."""
+    args: dict[str, None] = {}
+    hints = False
+    for split in SPLITS:
+        try:
+            experts = zarr.open_group(path, path=f"{split}/experts", mode="r")
+            names = child_names(experts)
+        except Exception:  # noqa: BLE001 - absent or damaged
+            continue
+        for name in names:
+            try:
+                hints = hints or "hints" in child_names(experts[name])
+                spec = experts[name].attrs["fingerprint"]["expert"]
+                args[expert_arg(name, spec["kind"], spec["ref"])] = None
+            except Exception:  # noqa: BLE001 - a damaged group is known by its name
+                args[name] = None
+    return ",".join(args) or None, hints
+
+
+def store_limit(path: Path) -> int | None:
+    """The ``--limit`` that rebuilds the store's items: the largest split (a split holds
+    ``min(limit, size)`` items). Read split by split, so a damaged root does not hide it."""
+    sizes = []
+    for split in SPLITS:
+        try:
+            sizes.append(int(zarr.open_group(path, path=f"{split}/items", mode="r").attrs["n"]))
+        except Exception:  # noqa: BLE001 - absent or damaged: that split says nothing
+            continue
+    return max(sizes) if sizes else None
+
+
+def open_root(path: Path, task: str, task_spec: dict, force: bool = False,
+              rebuild: str | None = None) -> zarr.Group:
+    """Open or create a task's store; a different task spec, or a root whose metadata cannot
+    be read, is refused unless ``force``. ``rebuild``: the command that rebuilds it."""
+    rebuild = rebuild or precompute_command(task, force=True)
+    if path.exists() and not any(p.suffix != ".partial" for p in path.iterdir()):
+        shutil.rmtree(path)  # an empty folder (killed before the root was written) holds nothing
     if path.exists():
-        root = zarr.open_group(path, mode="r+")
+        try:
+            root = zarr.open_group(path, mode="r+")
+        except Exception as exc:  # noqa: BLE001 - truncated/overwritten/deleted root zarr.json
+            if not force:
+                raise UserError(f"store {path} has unreadable root metadata ({one_line(exc)}); "
+                                f"rebuild: {rebuild}") from None
+            shutil.rmtree(path)
+            return open_root(path, task, task_spec, force, rebuild)
         attrs = root.attrs.asdict()
         if not attrs and not list(root.group_keys()):  # killed between create and attrs
             shutil.rmtree(path)
-            return open_root(path, task, task_spec, force)
+            return open_root(path, task, task_spec, force, rebuild)
         same = attrs.get("format_version") == FORMAT_VERSION and attrs.get("task_spec") == task_spec
         if same:
             return root
         if not force:
             raise UserError(
-                f"store {path} was built with another format or task spec; rebuild: "
-                f"{rebuild_command(task)}"
+                f"store {path} was built with another format or task spec; rebuild: {rebuild}"
             )
         shutil.rmtree(path)
     root = zarr.open_group(path, mode="w", zarr_format=3)
     root.attrs.update({"format_version": FORMAT_VERSION, "task": task, "task_spec": task_spec})
     return root
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class Damaged(Exception):
+    """A node of the store whose metadata (its ``zarr.json``) cannot be read."""
+
+    def __init__(self, where: str, exc: BaseException):
+        super().__init__(f"{where}: unreadable metadata ({one_line(exc)})")
+        self.where = where
+
+
+def child(g: zarr.Group, name: str) -> zarr.Group | zarr.Array | None:
+    """``g[name]``, None when absent; Damaged when its metadata (or a parent's) is unreadable,
+    where zarr would raise a JSON or KeyError from deep inside."""
+    try:
+        return g[name] if name in g else None
+    except Exception as exc:  # noqa: BLE001
+        raise Damaged(f"{g.path}/{name}".lstrip("/"), exc) from None
+
+
+def child_names(g: zarr.Group) -> list[str]:
+    """Names of ``g``'s members, listed without parsing them (one bad member must not hide
+    the others) and without zarr's interrupted-write leftovers."""
+    async def names() -> list[str]:
+        return [k async for k in g.store.list_dir(g.path)]
+
+    return sorted(k for k in sync(names()) if k != "zarr.json" and not k.endswith(".partial"))
+
+
+def require_container(g: zarr.Group, name: str) -> zarr.Group:
+    """A member group that holds no attributes (a split, ``experts``, ``router``); an
+    unreadable ``zarr.json`` of it is rewritten, its members kept."""
+    try:
+        return g.require_group(name)
+    except Exception:  # noqa: BLE001 - unreadable metadata: nothing in it is lost by a rewrite
+        sync(g.store.delete(f"{g.path}/{name}/zarr.json".lstrip("/")))
+        return g.require_group(name)
+
+
+EXPERT_ARRAYS = ("last", "first", "random", "layers_last", "layers_mean", "random_pos",
+                 "n_tokens", "truncated")
+ROUTER_ARRAYS = ("emb",)
+
+
+def required_arrays(g: zarr.Group) -> tuple[str, ...]:
+    """The arrays a group of this kind cannot be read without (its place in the layout)."""
+    kind = g.path.split("/")[-2] if "/" in g.path else ""
+    if kind == "experts":
+        return EXPERT_ARRAYS + ("done",)
+    if kind == "router":
+        return ROUTER_ARRAYS + ("done",)
+    return ITEM_FIELDS if g.path.endswith("items") else ()
+
+
+def unit_damage(g: zarr.Group) -> str | None:
+    """Why a group's structure cannot be trusted (one phrase), or None: created but never
+    finished, a member with unreadable metadata, or a required array missing."""
+    if "/" in g.path and g.path.split("/")[-2] in ("experts", "router") \
+            and g.attrs.get("fingerprint") is None:
+        return "unfinished (killed while being created)"
+    names = child_names(g)
+    for name in names:
+        try:
+            g[name]
+        except Exception:  # noqa: BLE001
+            return f"array {name} has unreadable metadata"
+    missing = [n for n in required_arrays(g) if n not in names]
+    return f"missing array {', '.join(missing)}" if missing else None
+
+
+def missing_chunks(arr: zarr.Array, chunks: list[int] | None = None) -> list[int]:
+    """Row chunks (of ``chunks``, default all) whose file is absent. Zarr reads an absent chunk
+    as the fill value, silently; precompute writes every chunk (``dense_writes``), so absence
+    is damage. Bool arrays are exempt: stores from before ``dense_writes`` left all-False
+    ``truncated`` chunks unwritten."""
+    if arr.dtype == np.bool_ or arr.shape[0] == 0:
+        return []
+
+    async def keys() -> set[str]:
+        return {k async for k in arr.store.list_prefix(f"{arr.path}/")}
+
+    present = sync(keys())
+    tail = (0,) * (arr.ndim - 1)
+    want = range(n_chunks(arr.shape[0], arr.chunks[0])) if chunks is None else chunks
+    return [c for c in want
+            if f"{arr.path}/{arr.metadata.encode_chunk_key((c, *tail))}" not in present]
+
+
+def dense_writes():
+    """Context in which every chunk is written, even one equal to the fill value, so that an
+    absent chunk file always means damage (see ``missing_chunks``)."""
+    return zarr.config.set({"array.write_empty_chunks": True})
+
+
+def remove_partials(path: Path) -> int:
+    """Delete the ``*.<uuid>.partial`` files a killed write leaves behind (zarr writes to one,
+    then renames): a stray one in a group makes every later listing warn."""
+    stray = [p for p in path.rglob("*.partial") if _PARTIAL.search(p.name)]
+    for p in stray:
+        p.unlink(missing_ok=True)
+    return len(stray)
+
+
+_PARTIAL = re.compile(r"\.[0-9a-f]{32}\.partial$")
 
 
 def create_array(group: zarr.Group, name: str, shape: tuple, dtype, chunk_rows: int):

@@ -58,18 +58,19 @@ def precompute(
 
 
 def _store_paths(task: str | None, cache_dir: Path | None) -> list[Path]:
-    from musketeers.cache.store import store_path
+    from musketeers.cache.store import precompute_command, store_path
 
     root = cache_root(cache_dir)
     if task:
         path = store_path(root, task)
         if not path.is_dir():
             raise UserError(f"no store for task {task!r} under {root}; run: "
-                            f"musketeers precompute --task {task}")
+                            f"{precompute_command(task, cache_dir=root)}")
         return [path]
     paths = sorted(root.glob("*.zarr")) if root.is_dir() else []
     if not paths:
-        raise UserError(f"no stores under {root}; run: musketeers precompute --task TASK")
+        raise UserError(f"no stores under {root}; run: "
+                        f"{precompute_command('TASK', cache_dir=root)}")
     return paths
 
 
@@ -80,29 +81,54 @@ def info(task: Annotated[str | None, typer.Argument()] = None, cache_dir: CacheD
     from rich.table import Table
 
     from musketeers.cache.progress import console as rich_console
-    from musketeers.cache.store import disk_size, unit_arrays
+    from musketeers.cache.store import disk_size, unit_arrays, unit_damage
 
     console = rich_console()
     for path in _store_paths(task, cache_dir):
-        root = zarr.open_group(path, mode="r")
+        try:
+            root = zarr.open_group(path, mode="r")
+        except Exception:  # noqa: BLE001 - empty folder, unreadable root zarr.json
+            typer.echo(f"{path}: not a readable store; run: musketeers cache verify "
+                       f"{path.name.removesuffix('.zarr')}")
+            continue
         table = Table(title=f"{path} ({human_size(disk_size(path))}, "
                             f"format {root.attrs.get('format_version')})")
         for col in ("split", "items", "group", "d", "layers", "dtype", "arrays", "complete",
                     "hints", "truncated"):
             table.add_column(col)
-        for split in sorted(root.group_keys()):
-            sg = root[split]
-            n = str(sg["items"].attrs.get("n", "?")) if "items" in sg else "-"
-            for kind in ("experts", "router"):
-                for name in sorted(sg[kind].group_keys()) if kind in sg else []:
-                    g = sg[kind][name]
-                    table.add_row(split, n, f"{kind}/{name}", str(g.attrs.get("d", "-")),
-                                  str(g.attrs.get("n_layers", "-")),
-                                  str(g.attrs.get("dtype", "-")),
-                                  ",".join(k for k in sorted(unit_arrays(g)) if k != "hints"),
-                                  _state(g, "done", "complete"), _hints_state(g),
-                                  _truncated(g))
+        for split, n, kind, name, g in _units(root):
+            if g is None or unit_damage(g):
+                table.add_row(split, n, f"{kind}/{name}", *["-"] * 4, "DAMAGED", "-", "-")
+                continue
+            table.add_row(split, n, f"{kind}/{name}", str(g.attrs.get("d", "-")),
+                          str(g.attrs.get("n_layers", "-")), str(g.attrs.get("dtype", "-")),
+                          ",".join(k for k in sorted(unit_arrays(g)) if k != "hints"),
+                          _state(g, "done", "complete"), _hints_state(g), _truncated(g))
         console.print(table)
+
+
+def _units(root):
+    """(split, items, kind, name, group or None when unreadable) for every expert and router
+    group; damage is shown, not raised (``cache verify`` says what it is)."""
+    from musketeers.cache.store import Damaged, child, child_names
+
+    def members(g):
+        for name in child_names(g):
+            try:
+                yield name, child(g, name)
+            except Damaged:
+                yield name, None
+
+    for split, sg in members(root):
+        if sg is None:
+            yield split, "?", "?", "?", None
+            continue
+        items = dict(members(sg)).get("items")
+        n = str(items.attrs.get("n", "?")) if items is not None else "-"
+        for kind, kg in members(sg):
+            if kind in ("experts", "router"):
+                for name, g in members(kg) if kg is not None else [("?", None)]:
+                    yield split, n, kind, name, g
 
 
 def human_size(n_bytes: int) -> str:
@@ -151,10 +177,41 @@ def verify(task: Annotated[str | None, typer.Argument()] = None, cache_dir: Cach
         problems = verify_store(path)
         for p in problems:
             typer.echo(f"{path.name}: {p}")
-        typer.echo(f"{path.name}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
+        fix = f"; repair: {repair_command(path, problems, cache_root(cache_dir))}"
+        typer.echo(f"{path.name}: {'OK' if not problems else f'{len(problems)} problem(s)'}"
+                   + (fix if problems else ""))
         bad += len(problems)
     if bad:
         raise typer.Exit(1)
+
+
+def repair_command(path: Path, problems: list, cache_dir: Path) -> str:
+    """The precompute that repairs ``problems``: it recomputes exactly the damaged experts
+    (``--force`` only where the root itself is unreadable, which loses the task spec)."""
+    from musketeers.cache.store import expert_arg, precompute_command, store_limit, stored_experts
+
+    task = path.name.removesuffix(".zarr")
+    root_bad = any(p.where == str(path) and "partial" not in p.message for p in problems)
+    experts = []
+    for p in problems:
+        parts = p.where.split("/")
+        if len(parts) >= 3 and parts[1] == "experts":
+            experts.append(expert_arg(parts[2], *_expert_ref(path, "/".join(parts[:3]))))
+    stored, hints = stored_experts(path)
+    names = ",".join(dict.fromkeys(experts)) or stored
+    return precompute_command(task, names, cache_dir, force=root_bad, limit=store_limit(path),
+                              hints=hints)
+
+
+def _expert_ref(path: Path, group: str) -> tuple[str | None, str | None]:
+    """(kind, ref) of an expert group from its fingerprint; (None, None) if unreadable."""
+    import zarr
+
+    try:
+        spec = zarr.open_group(path, path=group, mode="r").attrs["fingerprint"]["expert"]
+        return spec["kind"], spec["ref"]
+    except Exception:  # noqa: BLE001 - damaged group: its name is all there is
+        return None, None
 
 
 def register(app: typer.Typer) -> None:

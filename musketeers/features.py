@@ -41,13 +41,10 @@ def precompute_features(
     the rows (musketeers.cache.dist). Returns the store paths written.
     """
     from musketeers.cache.backbone import want_compile
+    from musketeers.cache.devices import resolve_device, resolve_dtype
     from musketeers.cache.dist import Dist
-    from musketeers.cache.precompute import (
-        PrecomputeConfig,
-        precompute_task,
-        resolve_device,
-        resolve_dtype,
-    )
+    from musketeers.cache.experts import check_expert
+    from musketeers.cache.precompute import PrecomputeConfig, precompute_task
     from musketeers.cache.store import check_cache_dir
     from musketeers.tasks import SPLITS, build_items, task_spec
     from musketeers.teams import resolve_team
@@ -60,8 +57,11 @@ def precompute_features(
         raise UserError(f"--batch-tokens must be positive, got {batch_tokens}")
     want_compile(compile, 0)  # a bad --compile fails before any work
     tasks = expand_tasks(task)
-    root = check_cache_dir(cache_root(cache_dir))
+    # Every option is checked before anything is created (the cache dir included).
+    check_cache_dir(cache_root(cache_dir), create=False)
     specs = resolve_team(team, roster, experts, team_file)
+    for spec in specs:
+        check_expert(spec)
     dev = resolve_device(device)
     cfg = PrecomputeConfig(device=dev, dtype=resolve_dtype(dtype, dev), batch_tokens=batch_tokens,
                            hints=hints, force=force, router=router, chunk_rows=chunk_rows,
@@ -70,6 +70,7 @@ def precompute_features(
     # Build every split first: a missing GSM8K file fails before any model loads.
     plans = {t: (task_spec(t), {s: build_items(t, s, limit, gsm8k_dir) for s in SPLITS})
              for t in tasks}
+    root = check_cache_dir(cache_root(cache_dir))
     paths = []
     try:
         for t, (spec, splits) in plans.items():

@@ -66,22 +66,26 @@ def write_planted_store(cache_dir: Path, *, n_train: int = 512, n_val: int = 128
     cache_dir = st.check_cache_dir(cache_dir)
     path = st.store_path(cache_dir, "planted")
     root = st.open_root(path, "planted", task_spec("planted"), force=True)
-    for split, n in (("train", n_train), ("val", n_val)):
-        items = build_items("planted", split, limit=n)
-        sg = root.require_group(split)
-        st.write_items(sg, items, items_fingerprint(items), st.CHUNK_ROWS)
-        digits = np.array([int(it.answer) for it in items])
-        for name, vec in planted_vectors(digits, seed, split).items():
-            g = sg.require_group(f"experts/{name}")
-            g.attrs.update({"complete": False})
-            st.create_expert_arrays(g, len(items), 1, DIM, st.CHUNK_ROWS, hints=False)
-            for arr in ("last", "first", "random"):
-                g[arr][:] = vec
-            g["layers_last"][:] = np.stack([np.zeros_like(vec), vec], axis=1)
-            g["layers_mean"][:] = np.stack([np.zeros_like(vec), vec], axis=1)
-            g["done"][:] = 1
-            g.attrs.update({"fingerprint": {"planted": name, "seed": seed}, "complete": True,
-                            "n_layers": 1, "d": DIM, "dtype": "float32"})
+    # Every chunk written, zeros included: the reader takes an absent chunk for a lost one.
+    with st.dense_writes():
+        for split, n in (("train", n_train), ("val", n_val)):
+            items = build_items("planted", split, limit=n)
+            sg = root.require_group(split)
+            st.write_items(sg, items, items_fingerprint(items), st.CHUNK_ROWS)
+            digits = np.array([int(it.answer) for it in items])
+            for name, vec in planted_vectors(digits, seed, split).items():
+                g = sg.require_group(f"experts/{name}")
+                g.attrs.update({"complete": False})
+                st.create_expert_arrays(g, len(items), 1, DIM, st.CHUNK_ROWS, hints=False)
+                for arr in ("last", "first", "random"):
+                    g[arr][:] = vec
+                g["layers_last"][:] = np.stack([np.zeros_like(vec), vec], axis=1)
+                g["layers_mean"][:] = np.stack([np.zeros_like(vec), vec], axis=1)
+                for arr in ("n_tokens", "random_pos", "truncated"):  # no prompts: zeros
+                    g[arr][:] = 0
+                g["done"][:] = 1
+                g.attrs.update({"fingerprint": {"planted": name, "seed": seed}, "complete": True,
+                                "n_layers": 1, "d": DIM, "dtype": "float32"})
     write_team_file(cache_dir)
     return path
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.util
 import os
+import re
+import subprocess
 import sys
 
 import pytest
@@ -88,11 +91,13 @@ def test_fingerprint_mismatch_refused_and_store_untouched(built):
     cache_dir, items = built
     before = tree_hash(cache_dir)
     fp32_as_bf16 = PrecomputeConfig(chunk_rows=4, router=False, dtype=torch.bfloat16)
-    with pytest.raises(UserError, match="--experts tiny-llama --force"):
+    # Runnable as printed: this folder, this item count, this expert (not the pocket team).
+    fix = f"--experts tiny-llama --cache-dir {cache_dir} --limit 5 --force"
+    with pytest.raises(UserError, match=re.escape(fix)):
         precompute_task(cache_dir, "toy", {"v": 1}, items, [tiny_specs()[0]], fp32_as_bf16)
-    with pytest.raises(UserError, match="--force"):
+    with pytest.raises(UserError, match=re.escape(fix)):
         precompute_task(cache_dir, "toy", {"v": 2}, items, [tiny_specs()[0]], CFG)
-    with pytest.raises(UserError, match="other items"):
+    with pytest.raises(UserError, match="other items.*--limit 6 --force"):
         precompute_task(cache_dir, "toy", {"v": 1}, {"train": make_items(6)}, [], CFG)
     assert tree_hash(cache_dir) == before
 
@@ -136,3 +141,81 @@ def test_long_prompts_truncated_and_counted(cache_dir):
     g = zarr.open_group(st.store_path(cache_dir, "toy"))["train/experts/tiny-gpt2"]
     assert g["n_tokens"][:].max() == 12 and g["truncated"][:].sum() > 0
     assert (g["n_tokens"][:][g["truncated"][:]] == 12).all()
+
+
+@pytest.mark.parametrize("args", [["--team", "nosuch"], ["--device", "nosuch"],
+                                  ["--dtype", "nosuch"]])
+def test_bad_option_creates_no_cache_dir(monkeypatch, capsys, tmp_path, args):
+    fresh = tmp_path / "fresh"
+    code, err = run_cli(monkeypatch, capsys, "precompute", "--task", "logic", "--limit", "1",
+                        "--cache-dir", str(fresh), *args)
+    assert code == 2 and "nosuch" in err and "\n" not in err
+    assert not fresh.exists()
+
+
+@pytest.mark.parametrize("config", [None, "{junk", '{"architectures": []}'])
+def test_bad_experts_folder_is_one_line_and_stores_nothing(monkeypatch, capsys, tmp_path,
+                                                           cache_dir, config):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    if config is not None:
+        (folder / "config.json").write_text(config)
+    code, err = run_cli(monkeypatch, capsys, "precompute", "--task", "logic", "--limit", "2",
+                        "--no-router", "--experts", str(folder), "--cache-dir", str(cache_dir))
+    assert code == 2 and str(folder) in err and "save_pretrained" in err and "\n" not in err
+    assert not list(cache_dir.iterdir())
+
+
+@pytest.mark.parametrize("train, needle", [
+    (b'{"question": "q", "answer": "#### 1"}\n{"question": "\xff\xfe", "answer": "#### 2"}\n',
+     "train.jsonl:2: not valid UTF-8"),
+    (b"", "holds no GSM8K rows"),
+    (b"\n\n", "holds no GSM8K rows"),
+])
+def test_bad_gsm8k_file_is_one_line_and_stores_nothing(monkeypatch, capsys, tmp_path, cache_dir,
+                                                       train, needle):
+    data = tmp_path / "gsm8k"
+    data.mkdir()
+    (data / "train.jsonl").write_bytes(train)
+    (data / "test.jsonl").write_text('{"question": "q", "answer": "#### 3"}\n')
+    code, err = run_cli(monkeypatch, capsys, "precompute", "--task", "gsm8k", "--roster", "tiny",
+                        "--no-router", "--gsm8k-dir", str(data), "--cache-dir", str(cache_dir))
+    assert code == 2 and needle in err and "\n" not in err
+    assert not list(cache_dir.iterdir())
+
+
+def test_empty_split_refused_before_the_store(cache_dir):
+    with pytest.raises(UserError, match="no train items"):
+        precompute_task(cache_dir, "toy", {}, {"train": []}, [tiny_specs()[0]], CFG)
+    assert not list(cache_dir.glob("*.zarr"))
+
+
+def test_disk_full_names_the_resume_command(cache_dir, monkeypatch):
+    items = {"train": make_items(5)}
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(st, "write_items", full)
+    fix = f"musketeers precompute --task toy --experts tiny-llama --cache-dir {cache_dir} --limit 5"
+    with pytest.raises(UserError, match=f"no space left.*free space.*{re.escape(fix)}$"):
+        precompute_task(cache_dir, "toy", {"v": 1}, items, [tiny_specs()[0]], CFG)
+    monkeypatch.undo()
+    precompute_task(cache_dir, "toy", {"v": 1}, items, [tiny_specs()[0]], CFG)  # recovers
+
+
+def test_stale_conversion_folders_removed(tmp_path, monkeypatch):
+    """A killed conversion's ``.tmpPID`` folder goes at the next conversion; a live one stays."""
+    from musketeers.cache.experts import resolve_local, spec_key
+
+    monkeypatch.setenv("MUSKETEERS_MODELS_DIR", str(tmp_path))
+    spec = tiny_specs()[1]
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    base = f"{spec.name}-{spec_key(spec)}"
+    stale = [tmp_path / f"{base}.tmp{dead.pid}", tmp_path / f"{base}.tmp{dead.pid}.gguf-work"]
+    live = tmp_path / f"{base}.tmp1"  # PID 1 is alive
+    for d in (*stale, live):
+        d.mkdir()
+    resolve_local(spec)
+    assert not any(d.exists() for d in stale) and live.is_dir()

@@ -62,10 +62,17 @@ def read_split(folder: Path, split: str, limit: int | None = None) -> list[dict[
             f"train.jsonl and test.jsonl ({WHERE})"
         )
     rows: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8", errors="surrogateescape") as f:
-        for lineno, line in enumerate(f, start=1):
+    # Bytes decoded line by line: invalid UTF-8 is reported with its line here, not found
+    # later by the store's string codec halfway through writing the items.
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
             if limit is not None and len(rows) >= limit:
                 break
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise UserError(f"{path}:{lineno}: not valid UTF-8 (byte {exc.start}); fix "
+                                f"the line or download the file again ({WHERE})") from None
             if not line.strip():
                 continue
             try:
@@ -73,6 +80,8 @@ def read_split(folder: Path, split: str, limit: int | None = None) -> list[dict[
             except (ValueError, TypeError) as exc:  # JSONDecodeError is a ValueError
                 msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 raise UserError(f"{path}:{lineno}: malformed GSM8K line ({msg})") from None
+    if not rows:
+        raise UserError(f"{path} holds no GSM8K rows; download the file again ({WHERE})")
     return rows
 
 

@@ -1,0 +1,38 @@
+"""Which device and dtype a precompute runs on: checked before anything is created."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from musketeers.cache.errors import UserError
+
+
+def cpu_has_bf16() -> bool:
+    """bf16 pays off on CPUs with native bf16 dot products (avx512_bf16 or AMX)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda but no CUDA device is available; use --device cpu")
+    if device not in ("cpu", "cuda"):
+        raise UserError(f"unknown device {device!r}; use auto, cpu or cuda")
+    return device
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    if dtype == "auto":
+        fast = device == "cuda" or cpu_has_bf16()
+        return torch.bfloat16 if fast else torch.float32
+    table = {"bf16": torch.bfloat16, "fp32": torch.float32}
+    if dtype not in table:
+        raise UserError(f"unknown dtype {dtype!r}; use auto, bf16 or fp32")
+    return table[dtype]

@@ -1,0 +1,145 @@
+"""Damaged store metadata and lost chunk files: reported by ``cache verify`` in one line each,
+refused by the reader with the precompute command that repairs it, repaired by that command."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import make_items, tiny_specs
+
+from musketeers.cache import reader
+from musketeers.cache import store as st
+from musketeers.cache.errors import UserError
+from musketeers.cache.precompute import PrecomputeConfig, precompute_task
+from musketeers.cache.verify import verify_store
+from musketeers.cli import main as cli_main
+
+CFG = PrecomputeConfig(chunk_rows=4, router=False)
+EXPERT = "train/experts/tiny-gpt2"
+
+
+def junk(path: Path) -> None:
+    path.write_text("{not json")
+
+
+def kill_while_creating(store: Path) -> None:
+    """The group as ``prepare_group`` leaves it when killed before its arrays exist."""
+    g = store / EXPERT
+    shutil.rmtree(g)
+    g.mkdir()
+    (g / "zarr.json").write_text('{"zarr_format": 3, "node_type": "group", "attributes": '
+                                 '{"complete": false, "fingerprint": null}}')
+
+
+def empty_folder(store: Path) -> None:
+    shutil.rmtree(store)
+    store.mkdir()
+
+
+# (damage, whether repairing needs --force, what verify says)
+DAMAGES = {
+    "lost chunk": (lambda s: (s / EXPERT / "last/c/1/0").unlink(), False,
+                   f"{EXPERT}/last: missing chunk 1, rows 4:8"),
+    "lost array": (lambda s: shutil.rmtree(s / EXPERT / "last"), False,
+                   f"{EXPERT}: missing array last"),
+    "corrupt array zarr.json": (lambda s: junk(s / EXPERT / "last/zarr.json"), False,
+                                f"{EXPERT}: array last has unreadable metadata"),
+    "corrupt group zarr.json": (lambda s: junk(s / EXPERT / "zarr.json"), False,
+                                f"{EXPERT}: unreadable metadata"),
+    "group killed while created": (kill_while_creating, False,
+                                   f"{EXPERT}: unfinished (killed while being created)"),
+    "corrupt items array": (lambda s: junk(s / "train/items/question/zarr.json"), False,
+                            "train/items: array question has unreadable metadata"),
+    "corrupt split zarr.json": (lambda s: junk(s / "train/zarr.json"), False,
+                                "train: unreadable metadata"),
+    "corrupt root zarr.json": (lambda s: junk(s / "zarr.json"), True, "not a readable store"),
+    "empty store folder": (empty_folder, False, "empty store folder"),
+}
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Path:
+    cache_dir = tmp_path_factory.mktemp("pristine")
+    precompute_task(cache_dir, "toy", {}, {"train": make_items(10)}, [tiny_specs()[1]], CFG)
+    return cache_dir
+
+
+def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str]:
+    monkeypatch.setattr(sys, "argv", ["musketeers", *args])
+    with pytest.raises(SystemExit) as exc:
+        cli_main.main()
+    out = capsys.readouterr()
+    return exc.value.code, out.out + out.err
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_damage_reported_refused_repaired(damage, pristine, tmp_path, monkeypatch, capsys):
+    cache_dir = tmp_path / "stores"
+    shutil.copytree(pristine, cache_dir)
+    path = st.store_path(cache_dir, "toy")
+    want = reader.read_vectors(cache_dir, "toy", "train", ["tiny-gpt2"], "last")[0]
+    hurt, needs_force, says = DAMAGES[damage]
+    hurt(path)
+
+    problems = [str(p) for p in verify_store(path)]
+    assert len(problems) == 1 and says in problems[0] and "\n" not in problems[0], problems
+    code, out = run_cli(monkeypatch, capsys, "cache", "verify", "toy", "--cache-dir",
+                        str(cache_dir))
+    assert code == 1 and "Traceback" not in out and "repair: musketeers precompute" in out
+    code, out = run_cli(monkeypatch, capsys, "cache", "info", "toy", "--cache-dir",
+                        str(cache_dir))
+    assert code == 0 and "Traceback" not in out
+
+    with pytest.raises(UserError) as err:  # what training reads, items included
+        reader.read_vectors(cache_dir, "toy", "train", ["tiny-gpt2"], "last")
+        reader.read_items(cache_dir, "toy", "train")
+    message = str(err.value)
+    fix = f"musketeers precompute --task toy --experts tiny-gpt2 --cache-dir {cache_dir}"
+    assert "\n" not in message and fix in message
+    # The item count it was built with, so a repair never builds the task's full item set.
+    assert ("--limit 10" in message) == (damage != "empty store folder")
+    assert message.endswith("--force") == needs_force
+
+    if needs_force:
+        with pytest.raises(UserError, match=re.escape("--force")):
+            precompute_task(cache_dir, "toy", {}, {"train": make_items(10)}, [tiny_specs()[1]],
+                            CFG)
+    cfg = PrecomputeConfig(chunk_rows=4, router=False, force=needs_force)
+    precompute_task(cache_dir, "toy", {}, {"train": make_items(10)}, [tiny_specs()[1]], cfg)
+    assert verify_store(path) == []
+    np.testing.assert_array_equal(
+        reader.read_vectors(cache_dir, "toy", "train", ["tiny-gpt2"], "last")[0], want)
+    assert len(reader.read_items(cache_dir, "toy", "train")) == 10
+
+
+def test_lost_chunk_recomputes_only_that_chunk(pristine, tmp_path):
+    cache_dir = tmp_path / "stores"
+    shutil.copytree(pristine, cache_dir)
+    path = st.store_path(cache_dir, "toy")
+    (path / EXPERT / "n_tokens/c/2").unlink()
+    other = path / EXPERT / "last/c/0/0"
+    mtime = other.stat().st_mtime_ns
+    assert [str(p) for p in verify_store(path)] == [
+        f"{EXPERT}/n_tokens: missing chunk 2, rows 8:10"]
+    precompute_task(cache_dir, "toy", {}, {"train": make_items(10)}, [tiny_specs()[1]], CFG)
+    assert verify_store(path) == [] and other.stat().st_mtime_ns == mtime
+
+
+def test_stray_partial_file_is_cleaned_by_precompute(pristine, tmp_path):
+    """A killed zarr write leaves ``zarr.<uuid>.partial``; precompute removes it."""
+    cache_dir = tmp_path / "stores"
+    shutil.copytree(pristine, cache_dir)
+    path = st.store_path(cache_dir, "toy")
+    stray = path / EXPERT / f"zarr.{'ab' * 16}.partial"
+    stray.write_text("{")
+    assert any("partial" in str(p) for p in verify_store(path))
+    precompute_task(cache_dir, "toy", {}, {"train": make_items(10)}, [tiny_specs()[1]], CFG)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # zarr warns about the stray file on every listing
+        assert not stray.exists() and verify_store(path) == []
