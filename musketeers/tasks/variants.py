@@ -79,12 +79,10 @@ class TaskName:
 
 def parse_task(task: str) -> TaskName:
     """The parts of a task name; a UserError naming the valid ones otherwise."""
-    if not isinstance(task, str) or not task:
-        raise UserError(f"unknown task {task!r}; valid: {', '.join(BASE_TASKS)}")
-    rest, _, prompt = task.partition("@")
+    rest, _, prompt = str(task).partition("@")
     base, _, level = rest.partition(":")
     if base not in BASE_TASKS:
-        raise UserError(f"unknown task {task!r}; valid tasks: {', '.join(BASE_TASKS)} "
+        raise UserError(f"unknown task '{task}'; valid: {', '.join(BASE_TASKS)} "
                         "(optionally :LEVEL and @PROMPT, e.g. arithmetic:easy@direct)")
     if level and base not in LEVELS.get(level, {}):
         have = [f"{b}:{lv}" for lv, fams in LEVELS.items() for b in fams]
