@@ -23,7 +23,10 @@ TINY = ["tiny-llama", "tiny-gpt2", "tiny-qwen2"]
 def run_cfg(tmp_path: Path, method: str, **kw):
     values = dict(task="logic", team=None, experts=TINY, method=method, policy="tiny",
                   budget="smoke", steps=2, max_new_tokens=4, cache_dir=str(FIXTURES),
-                  run_dir=str(tmp_path / method), dtype="float32", device="cpu")
+                  run_dir=str(tmp_path / method), dtype="float32", device="cpu",
+                  # random tiny policies never score: without this every update would be
+                  # skipped (no signal) and the loss path these tests walk would not run
+                  skip_no_signal=False)
     values.update(kw)
     return resolve_config(None, values)
 
