@@ -40,7 +40,8 @@ def write_run(root: Path, name: str, acc: float | None, rewards=(0.1, 0.2, 0.3),
         return d
     (d / "summary.json").write_text(json.dumps({"steps": len(rewards)}))
     if acc is not None:
-        (d / "eval.json").write_text(json.dumps({"accuracy": acc, "n": n, "split": "val"}))
+        (d / "eval.json").write_text(json.dumps({"exact": acc, "score": acc, "n": n,
+                                                 "split": "val"}))
     return d
 
 
@@ -97,17 +98,18 @@ def test_failed_and_missing_cells_are_shown_not_dropped(tmp_path: Path):
 def test_compare_against_the_paper():
     cell = agg.Cell([])
     assert compare(cell, (50.0, 1.0)) is None
-    run = agg.Run("x", Path("x"), {}, "done", eval={"accuracy": 0.52})
+    run = agg.Run("x", Path("x"), {}, "done", eval={"exact": 0.52})
     assert compare(agg.Cell([run]), (50.0, 3.0)).startswith("agrees")
     assert compare(agg.Cell([run]), (60.0, 3.0)).startswith("below the paper by 8.00")
 
 
 def test_verdicts_say_when_a_difference_is_within_evaluation_noise(tmp_path: Path):
     single = {**KEY, "method": "single"}
-    write_run(tmp_path / "small", "single", 0.0, n=64, **single)
-    write_run(tmp_path / "small", "ours", 2 / 64, n=64, **KEY)
-    write_run(tmp_path / "large", "single", 0.0, n=1000, **single)
-    write_run(tmp_path / "large", "ours", 2 / 64, n=1000, **KEY)
+    control = {**KEY, "method": "shuffled_experts"}  # as low as Single: Ours clears both
+    for d, n in (("small", 64), ("large", 1000)):
+        write_run(tmp_path / d, "single", 0.0, n=n, **single)
+        write_run(tmp_path / d, "ours", 2 / 64, n=n, **KEY)
+        write_run(tmp_path / d, "control", 0.0, n=n, **control)
     small = agg.load_runs(tmp_path / "small")
     ours, base = agg.cell(small, **KEY), agg.cell(small, **single)
     # SE = 100·sqrt(p(1 − p)/N) = 100·sqrt(0.03125·0.96875/64) = 2.1748; Single's is 0
@@ -123,22 +125,22 @@ def test_verdicts_say_when_a_difference_is_within_evaluation_noise(tmp_path: Pat
     # a tie is no finding either way, whatever its SE (here 0: both cells scored 0)
     assert within_noise(base, base) == (True, "no difference at all, over 64 and 64 graded items")
     # a run that does not say how many items it graded gives no noise estimate
-    assert agg.Cell([agg.Run("x", tmp_path, {}, "done", eval={"accuracy": 0.5})]).item_se is None
+    assert agg.Cell([agg.Run("x", tmp_path, {}, "done", eval={"exact": 0.5})]).item_se is None
 
 
 def test_grid_expands_dedups_and_filters():
     grid = load_grid("smoke")
     names = [r.name for r in grid.runs]
     assert len(names) == len(set(names))
-    # Table 1: 8 rows x 4 tasks; Table 2: 4 more poolings; Figure 6: 6 more m values
-    assert len(names) == 32 + 4 + 6
+    # Table 1: 8 rows + 3 controls x 4 tasks; Table 2: 4 more poolings; Figure 6: 6 more m
+    assert len(names) == 44 + 4 + 6
     default = run_name("smoke", {**KEY, "seed": 0})
     assert default in names
     assert next(r for r in grid.runs if r.name == default).eval_no_context
     assert run_name("smoke", {"task": "logic", "method": "single", "team": "x", "seed": 1}) \
         == "smoke-logic-single-s1"
     two = load_grid("smoke", seeds=[0, 1], tasks=["logic"])
-    assert len(two.runs) == 2 * 8 and {r.fields["task"] for r in two.runs} == {"logic"}
+    assert len(two.runs) == 2 * 11 and {r.fields["task"] for r in two.runs} == {"logic"}
     with pytest.raises(UserError, match="selects no runs"):
         load_grid("smoke", tasks=["planted"])
     with pytest.raises(UserError, match="--budget"):
