@@ -237,7 +237,8 @@ def write_report(grid: Grid, runs_dir: Path, reports_dir: Path) -> Path:
            "completions, or the spread over seeds for routing, so it is no finding either way;"
            " each claim for Ours is stated against a control on the same seeds, and one "
            "without its control run is \"not evidence\"):", "",
-           *paper_claims(runs, latents), "", "Cells:", "", *cell_comparisons(runs, latents),
+           *paper_claims(runs, latents), "",
+           "Cells (ours: exact; the paper's: its accuracy):", "", *cell_comparisons(runs, latents),
            "", "## Runs", "", *_runs_table(runs), ""]
     failed = [r for r in runs if r.status == "failed"]
     missing = sorted({g.name for g in grid.runs} - {r.name for r in runs})
