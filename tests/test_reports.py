@@ -40,7 +40,8 @@ def write_run(root: Path, name: str, acc: float | None, rewards=(0.1, 0.2, 0.3),
         return d
     (d / "summary.json").write_text(json.dumps({"steps": len(rewards)}))
     if acc is not None:
-        (d / "eval.json").write_text(json.dumps({"accuracy": acc, "n": n, "split": "val"}))
+        (d / "eval.json").write_text(json.dumps({"exact": acc, "score": acc, "n": n,
+                                                 "split": "val"}))
     return d
 
 
@@ -97,17 +98,18 @@ def test_failed_and_missing_cells_are_shown_not_dropped(tmp_path: Path):
 def test_compare_against_the_paper():
     cell = agg.Cell([])
     assert compare(cell, (50.0, 1.0)) is None
-    run = agg.Run("x", Path("x"), {}, "done", eval={"accuracy": 0.52})
+    run = agg.Run("x", Path("x"), {}, "done", eval={"exact": 0.52})
     assert compare(agg.Cell([run]), (50.0, 3.0)).startswith("agrees")
     assert compare(agg.Cell([run]), (60.0, 3.0)).startswith("below the paper by 8.00")
 
 
 def test_verdicts_say_when_a_difference_is_within_evaluation_noise(tmp_path: Path):
     single = {**KEY, "method": "single"}
-    write_run(tmp_path / "small", "single", 0.0, n=64, **single)
-    write_run(tmp_path / "small", "ours", 2 / 64, n=64, **KEY)
-    write_run(tmp_path / "large", "single", 0.0, n=1000, **single)
-    write_run(tmp_path / "large", "ours", 2 / 64, n=1000, **KEY)
+    control = {**KEY, "method": "shuffled_experts"}  # as low as Single: Ours clears both
+    for d, n in (("small", 64), ("large", 1000)):
+        write_run(tmp_path / d, "single", 0.0, n=n, **single)
+        write_run(tmp_path / d, "ours", 2 / 64, n=n, **KEY)
+        write_run(tmp_path / d, "control", 0.0, n=n, **control)
     small = agg.load_runs(tmp_path / "small")
     ours, base = agg.cell(small, **KEY), agg.cell(small, **single)
     # SE = 100·sqrt(p(1 − p)/N) = 100·sqrt(0.03125·0.96875/64) = 2.1748; Single's is 0
@@ -123,22 +125,22 @@ def test_verdicts_say_when_a_difference_is_within_evaluation_noise(tmp_path: Pat
     # a tie is no finding either way, whatever its SE (here 0: both cells scored 0)
     assert within_noise(base, base) == (True, "no difference at all, over 64 and 64 graded items")
     # a run that does not say how many items it graded gives no noise estimate
-    assert agg.Cell([agg.Run("x", tmp_path, {}, "done", eval={"accuracy": 0.5})]).item_se is None
+    assert agg.Cell([agg.Run("x", tmp_path, {}, "done", eval={"exact": 0.5})]).item_se is None
 
 
 def test_grid_expands_dedups_and_filters():
     grid = load_grid("smoke")
     names = [r.name for r in grid.runs]
     assert len(names) == len(set(names))
-    # Table 1: 8 rows x 4 tasks; Table 2: 4 more poolings; Figure 6: 6 more m values
-    assert len(names) == 32 + 4 + 6
+    # Table 1: 8 rows + 3 controls x 4 tasks; Table 2: 4 more poolings; Figure 6: 6 more m
+    assert len(names) == 44 + 4 + 6
     default = run_name("smoke", {**KEY, "seed": 0})
     assert default in names
     assert next(r for r in grid.runs if r.name == default).eval_no_context
     assert run_name("smoke", {"task": "logic", "method": "single", "team": "x", "seed": 1}) \
         == "smoke-logic-single-s1"
     two = load_grid("smoke", seeds=[0, 1], tasks=["logic"])
-    assert len(two.runs) == 2 * 8 and {r.fields["task"] for r in two.runs} == {"logic"}
+    assert len(two.runs) == 2 * 11 and {r.fields["task"] for r in two.runs} == {"logic"}
     with pytest.raises(UserError, match="selects no runs"):
         load_grid("smoke", tasks=["planted"])
     with pytest.raises(UserError, match="--budget"):
@@ -454,3 +456,146 @@ def test_sigterm_still_records_the_interrupted_call(tmp_path: Path):
     [row] = [json.loads(x) for x in ledger.read_text().splitlines()]
     assert row["phase"] == "train" and row["name"] == "r" and row["ok"] is False
     assert 0.2 <= row["seconds"] < 30
+
+
+def test_an_old_eval_json_reads_as_score_with_exact_unknown(tmp_path: Path):
+    """eval.json once held only `accuracy`, the mean score: it is the score, and exact is
+    unknown — shown as such, never guessed."""
+    d = write_run(tmp_path, "old", None, seed=0, **{**KEY, "method": "single"})
+    (d / "eval.json").write_text(json.dumps({"accuracy": 0.4, "n": 10}))
+    (run,) = agg.load_runs(tmp_path)
+    assert run.score == pytest.approx(40.0) and run.exact is None
+    exact, score = (table1_markdown([run], metric=m) for m in ("exact", "score"))
+    assert "| Single | — | 51.56 ± 0.55 | unknown | " in exact
+    assert "| Single | — | 51.56 ± 0.55 | 40.00 (1 seed) | " in score
+    assert "Reasoning Gym's score, as far as the paper says" in exact
+    grid = load_grid(small_grid(tmp_path))
+    text = write_report(grid, tmp_path, tmp_path / "reports").read_text()  # no grid run there
+    assert "Exact is unknown" not in text
+    runs_dir = tmp_path / "runs"
+    run_grid(grid, runs_dir, partial(fake_train, steps=3), fake_evaluate, IDENTITY)
+    ev = runs_dir / grid.runs[0].name / "eval.json"
+    ev.write_text(json.dumps({"accuracy": 0.25, "n": 4}))
+    text = write_report(grid, runs_dir, tmp_path / "reports").read_text()
+    assert f"Exact is unknown for 1 run whose eval.json predates it ({grid.runs[0].name})" in text
+    row = next(x for x in text.splitlines() if x.startswith(f"| {grid.runs[0].name} |"))
+    assert "| unknown | 25.00 |" in row
+    assert "accuracy (%)" not in text.lower().replace("paper's accuracy (%)", "")
+
+
+def _accuracy_claim(root: Path, ours: float, single: float, control: float | None,
+                    control_seed: int = 0) -> str:
+    write_run(root, "single", single, n=1000, seed=0, **{**KEY, "method": "single"})
+    write_run(root, "ours", ours, n=1000, seed=0, **KEY)
+    if control is not None:
+        write_run(root, "ctl", control, n=1000, seed=control_seed,
+                  **{**KEY, "method": "shuffled_experts"})
+    return paper_claims(agg.load_runs(root), 8)[0]
+
+
+def test_the_accuracy_claim_for_ours_must_clear_its_shuffled_experts_control(tmp_path: Path):
+    # Ours beats Single by 30 points, but the control with shuffled expert vectors does as well
+    tie = _accuracy_claim(tmp_path / "tie", 0.6, 0.3, 0.6)
+    assert "**does not clear its control: within noise of it, not evidence**" in tie
+    assert "vs Single (seed 0): 60.00 vs 30.00" in tie
+    assert "vs shuffled experts (seed 0): 60.00 vs 60.00" in tie
+    better = _accuracy_claim(tmp_path / "better", 0.6, 0.3, 0.8)
+    assert "**does not clear its control**" in better
+    clear = _accuracy_claim(tmp_path / "clear", 0.6, 0.3, 0.3)
+    assert "**holds here**" in clear and "exceeds 2 SE" in clear
+    # no control run, or only on another seed: not evidence, never a silent pass
+    for name, seed in (("none", None), ("other-seed", 1)):
+        claim = _accuracy_claim(tmp_path / name, 0.6, 0.3, None if seed is None else 0.3,
+                                control_seed=seed or 0)
+        assert "**no control run: not evidence**" in claim and "holds here" not in claim
+    assert "**does NOT hold here**" in _accuracy_claim(tmp_path / "below", 0.2, 0.3, None)
+
+
+def _routing_claims(root: Path, ours: list[tuple], control: list[tuple]) -> dict[str, str]:
+    """§4.3 claims on Arithmetic from runs whose entropy series are given per seed."""
+    for seed, entropy in enumerate(ours):
+        write_run(root, f"ours{seed}", 0.5, entropy=entropy, seed=seed, **KEY)
+    for seed, entropy in enumerate(control):
+        write_run(root, f"ctl{seed}", 0.5, entropy=entropy, seed=seed,
+                  **{**KEY, "method": "shuffled_reward"})
+    claims = [c for c in paper_claims(agg.load_runs(root), 8) if "§4.3: on Arithmetic" in c]
+    assert len(claims) == 3
+    return {key: next(c for c in claims if key in c)
+            for key in ("entropy falls", "utilisation concentrates", "correlate negatively")}
+
+
+def test_routing_verdicts_are_stated_against_the_shuffled_reward_control(tmp_path: Path):
+    falls = [(1.0, 0.8, 0.5), (1.0, 0.7, 0.4)]  # drops 0.5 and 0.6
+    # entropy falls as much when the rewards carry no meaning: no evidence about reward
+    same = _routing_claims(tmp_path / "same", falls, [(1.0, 0.7, 0.4), (1.0, 0.8, 0.5)])
+    assert "**within noise of its control: not evidence**" in same["entropy falls"]
+    assert ("entropy fell by 0.550 nats in Ours and by 0.550 under shuffled reward "
+            "(seeds 0, 1)") in same["entropy falls"]
+    flat = _routing_claims(tmp_path / "flat", falls, [(1.0, 1.0, 1.0), (1.0, 0.99, 0.98)])
+    assert "**holds here**" in flat["entropy falls"] and "exceeds 2 SE" in flat["entropy falls"]
+    # one seed: no SE, no verdict
+    one = _routing_claims(tmp_path / "one", falls[:1], [(1.0, 0.95, 0.9)])
+    for claim in one.values():
+        assert "**no verdict: 1 seed**" in claim and "the SE is unknown" in claim
+    # no control run: not evidence, whatever Ours did
+    alone = _routing_claims(tmp_path / "alone", falls, [])
+    for claim in alone.values():
+        assert "**no control run: not evidence**" in claim
+    # utilisation concentrates by 0.2 in every write_run run; ρ = −1 in all of them
+    assert "**within noise of its control: not evidence**" in flat["utilisation concentrates"]
+    assert "mean ρ(reward, H) = -1.00 in Ours" in flat["correlate negatively"]
+
+
+def test_routing_changes_come_from_the_summary_when_it_has_them(tmp_path: Path):
+    d = write_run(tmp_path, "r", 0.5, entropy=(1.0, 0.9, 0.8), **KEY)
+    (d / "summary.json").write_text(json.dumps({
+        "steps": 3, "entropy_first": 1.1, "entropy_last10pct": 0.6,
+        "utilisation_first": {"a": 0.5, "b": 0.5}, "utilisation_last10pct": {"a": 0.9, "b": 0.1}}))
+    (run,) = agg.load_runs(tmp_path)
+    assert run.entropy_drop == pytest.approx(0.5) and run.concentration == pytest.approx(0.4)
+    (d / "summary.json").write_text(json.dumps({"steps": 3}))
+    (run,) = agg.load_runs(tmp_path)  # from metrics.jsonl: first step vs the last 10 %
+    assert run.entropy_drop == pytest.approx(0.2) and run.concentration == pytest.approx(0.2)
+
+
+def test_table1_has_control_rows_after_the_methods(tmp_path: Path):
+    from musketeers import methods
+
+    controls = [m.name for m in methods.REGISTRY.values() if m.control_of]
+    assert [row.key["method"] for row in TABLE1[-3:]] == controls
+    assert not any(row.control for row in TABLE1[:-3])
+    write_run(tmp_path, "ctl", 0.25, seed=0, **{**KEY, "method": "zero_context"})
+    text = table1_markdown(agg.load_runs(tmp_path))
+    assert f"| {methods.get('zero_context').label} | — | n/a | 25.00 (1 seed) | n/a |" in text
+
+
+def test_names_groups_staleness_and_store_needs_follow_the_registry(tmp_path: Path):
+    from musketeers.reports.grid import stale_fields
+
+    # no_cross_attn ignores m (registry): one run and one group whatever latents says
+    base = {"task": "logic", "team": "default", "pooling": "last", "seed": 0}
+    assert run_name("t", {**base, "method": "no_cross_attn", "latents": 16}) == \
+        "t-logic-no_cross_attn-default-last-s0"
+    assert run_name("t", {**base, "method": "zero_context", "latents": 4}) == \
+        "t-logic-zero_context-default-m4-s0"  # m positions of zeros: m matters, pooling not
+    assert agg.group_key({**base, "method": "single", "latents": 8}) == {
+        "task": "logic", "method": "single", "team": None, "pooling": None, "latents": None}
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "config.yaml").write_text(yaml.safe_dump({**base, "method": "single",
+                                                   "adapter_lr": 1e-3, "steps": 3}))
+    assert stale_fields(d, {**base, "method": "single", "adapter_lr": 1e-4, "steps": 3}) == {}
+    assert stale_fields(d, {**base, "method": "single", "adapter_lr": 1e-3, "steps": 4}) == {
+        "steps": (3, 4)}
+    path = tmp_path / "g.yaml"
+    path.write_text(yaml.safe_dump({"budget": "t", "defaults": {"cache_dir": str(tmp_path)},
+                                    "runs": [{"task": "logic", "team": "default", "method": [
+                                        "single", "shuffled_experts", "shuffled_reward",
+                                        "zero_context"]}]}))
+    (need,) = grid_needs(load_grid(path), lambda team, roster: ["e1", "e2"])
+    assert list(need.experts) == ["e1", "e2"] and not need.hint_experts and not need.router
+    path.write_text(yaml.safe_dump({"budget": "t", "defaults": {"cache_dir": str(tmp_path)},
+                                    "runs": [{"task": "logic", "team": "default", "method": [
+                                        "output_collab", "hard_routing"]}]}))
+    (need,) = grid_needs(load_grid(path), lambda team, roster: ["e1"])
+    assert list(need.hint_experts) == ["e1"] and need.router

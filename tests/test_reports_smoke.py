@@ -1,6 +1,6 @@
 """Ablation grids end to end on the committed fixture stores: real trainer and evaluator,
 tiny random policy and experts. Proves grid → runs → tables → figures → report, and that a
-second invocation trains nothing. The whole smoke grid (42 runs of 3 steps) runs in `make test`
+second invocation trains nothing. The whole smoke grid (54 runs of 3 steps) runs in `make test`
 and CI on every change (issue 4), in a few minutes on a quiet 2-core CPU.
 """
 

@@ -1,7 +1,9 @@
 """Read finished runs and reduce them over seeds.
 
 Reads only ``runs/*/{config.yaml, metrics.jsonl, summary.json, eval*.json, error.txt}``, so
-runs made on any machine can be reported together. Over seeds we report the mean and the
+runs made on any machine can be reported together. Two validation metrics (``METRICS``):
+``exact``, the share of greedy completions scoring 1, and ``score``, the mean task score
+(Reasoning Gym gives partial credit). Over seeds we report the mean and the
 *sample* standard deviation (ddof = 1), as the paper's "mean ± std across 3 runs"; with a
 single seed the std is undefined and shown as such.
 """
@@ -18,11 +20,28 @@ from typing import Any
 import numpy as np
 import yaml
 
-from musketeers.reports.grid import IRRELEVANT, is_finished
+from musketeers import methods
+from musketeers.reports.grid import ignored, is_finished
 from musketeers.routing import spearman
 from musketeers.runlog import mean_or_none, read_metrics
 
 GROUP_FIELDS = ("task", "method", "team", "pooling", "latents")
+METRICS = ("exact", "score")
+
+
+def eval_percent(ev: dict[str, Any] | None, metric: str) -> float | None:
+    """``metric`` of an eval.json in percent. An eval.json from before exact was counted holds
+    only ``accuracy``, which was the mean score: it reads as ``score``, and its exact is
+    unknown (None), never guessed."""
+    if ev is None:
+        return None
+    value = ev.get(metric, ev.get("accuracy") if metric == "score" else None)
+    return None if value is None else 100.0 * float(value)
+
+
+def _tail(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The last 10 % of a run's steps (at least one): runlog.summarize's ``*_last10pct``."""
+    return rows[-max(1, len(rows) // 10):]
 
 
 @dataclass
@@ -44,9 +63,27 @@ class Run:
         return group_key(self.config)
 
     @property
-    def accuracy(self) -> float | None:
-        """Validation accuracy in percent (the paper's unit)."""
-        return None if self.eval is None else 100.0 * float(self.eval["accuracy"])
+    def spec(self) -> methods.Method | None:
+        """The run's method in the registry (None: a name it does not know)."""
+        return methods.REGISTRY.get(str(self.config.get("method")))
+
+    @property
+    def seed(self) -> int:
+        return int(self.config.get("seed") or 0)
+
+    def value(self, metric: str, no_context: bool = False) -> float | None:
+        """A validation metric (``METRICS``) in percent, of eval.json or eval_no_context.json."""
+        return eval_percent(self.eval_no_context if no_context else self.eval, metric)
+
+    @property
+    def exact(self) -> float | None:
+        """Share (%) of greedy validation completions scoring 1; None if not counted."""
+        return self.value("exact")
+
+    @property
+    def score(self) -> float | None:
+        """Mean validation score (%), partial credit included."""
+        return self.value("score")
 
     def eval_share(self, key: str) -> float | None:
         """A share of eval.json in percent: ``answered`` (greedy validation completions with an
@@ -76,6 +113,41 @@ class Run:
         return self.metric_mean("reward_mean")
 
     @property
+    def updates_skipped(self) -> int | None:
+        """Updates the trainer skipped for want of signal; None where no step logged it."""
+        flags = [m["update_skipped"] for m in self.metrics if m.get("update_skipped") is not None]
+        return sum(map(bool, flags)) if flags else None
+
+    def _routing(self, key: str) -> tuple[Any, Any]:
+        """(first step's, last 10 %'s) value of a routing log: summary.json's, else computed
+        from metrics.jsonl by the same rule (a run summarised before they were kept)."""
+        s = self.summary or {}
+        if s.get(f"{key}_first") is not None and s.get(f"{key}_last10pct") is not None:
+            return s[f"{key}_first"], s[f"{key}_last10pct"]
+        rows = [m for m in self.metrics if m.get(key) is not None]
+        if not rows:
+            return None, None
+        tail = _tail(rows)
+        if key == "entropy":
+            return rows[0][key], mean_or_none([r[key] for r in tail])
+        return rows[0][key], {k: mean_or_none([r[key].get(k) for r in tail]) for k in rows[0][key]}
+
+    @property
+    def entropy_drop(self) -> float | None:
+        """H at the first step − mean H over the last 10 % of steps (> 0: routing sharpened)."""
+        first, last = self._routing("entropy")
+        return None if first is None or last is None else float(first) - float(last)
+
+    @property
+    def concentration(self) -> float | None:
+        """max_i u_i over the last 10 % of steps − max_i u_i at the first step (> 0: the
+        attention concentrated on some expert)."""
+        first, last = self._routing("utilisation")
+        if not first or not last:
+            return None
+        return max(v for v in last.values() if v is not None) - max(first.values())
+
+    @property
     def spearman(self) -> float | None:
         """ρ(reward, entropy) of this run: the summary's, else computed from its metrics."""
         rho = (self.summary or {}).get("spearman_reward_entropy")
@@ -87,8 +159,9 @@ class Run:
 def group_key(config: dict[str, Any]) -> dict[str, Any]:
     """The fields that define a table cell; seeds of one key are averaged."""
     key = {k: config.get(k) for k in GROUP_FIELDS}
-    for k in IRRELEVANT.get(str(key["method"]), ()):
-        key[k] = None
+    for k in ignored(key["method"]):
+        if k in key:
+            key[k] = None
     return key
 
 
@@ -154,18 +227,32 @@ def bernoulli_se(p: float, n: int) -> float:
 
 @dataclass
 class Cell:
-    """One table cell: accuracy over the seeds of one configuration."""
+    """One table cell: a validation metric (``METRICS``) over the seeds of one configuration."""
 
     runs: list[Run]
+    metric: str = "exact"
 
     @property
     def graded(self) -> list[Run]:
         """The seeds that finished and were evaluated."""
-        return [r for r in self.runs if r.status == "done" and r.accuracy is not None]
+        return [r for r in self.runs if r.status == "done" and r.value(self.metric) is not None]
 
     @property
     def values(self) -> list[float]:
-        return [r.accuracy for r in self.graded]
+        return [r.value(self.metric) for r in self.graded]
+
+    @property
+    def seeds(self) -> set[int]:
+        return {r.seed for r in self.graded}
+
+    def on(self, seeds: set[int]) -> Cell:
+        """The same cell restricted to ``seeds`` (to compare two cells seed for seed)."""
+        return Cell([r for r in self.runs if r.seed in seeds], self.metric)
+
+    @property
+    def unknown(self) -> bool:
+        """Evaluated, but no eval.json counted this metric (exact before it was logged)."""
+        return any(r.status == "done" and r.eval is not None for r in self.runs)
 
     @property
     def failed(self) -> list[Run]:
@@ -198,9 +285,10 @@ class Cell:
         return 100.0 * bernoulli_se(self.mean / 100.0, self.items)
 
     def text(self) -> str:
-        """``75.26 ± 5.62``; ``FAILED`` if no seed finished but one failed; ``—`` if none ran."""
+        """``75.26 ± 5.62``; ``FAILED`` if no seed finished but one failed; ``unknown`` if the
+        runs' eval.json did not count the metric; ``—`` if none ran."""
         if not self.values:
-            return "FAILED" if self.failed else "—"
+            return "FAILED" if self.failed else "unknown" if self.unknown else "—"
         std = f" ± {self.std:.2f}" if self.std is not None else " (1 seed)"
         extra = f" ({len(self.failed)} FAILED)" if self.failed else ""
         return f"{self.mean:.2f}{std}{extra}"
@@ -211,14 +299,14 @@ def select(runs: list[Run], **key: Any) -> list[Run]:
     out = []
     for run in runs:
         rk = run.key
-        if all(rk.get(k) == (None if k in IRRELEVANT.get(str(rk["method"]), ()) else v)
+        if all(rk.get(k) == (None if k in ignored(rk["method"]) else v)
                for k, v in key.items()):
             out.append(run)
     return out
 
 
-def cell(runs: list[Run], **key: Any) -> Cell:
-    return Cell(select(runs, **key))
+def cell(runs: list[Run], metric: str = "exact", **key: Any) -> Cell:
+    return Cell(select(runs, **key), metric)
 
 
 def spearman_reward_entropy(metrics: list[dict[str, Any]]) -> float | None:

@@ -1,13 +1,20 @@
 """The paper's findings, each tested on our runs: its qualitative claims (§4.2–§4.4) and every
 table cell beside the paper's number. A verdict says whether a difference clears the noise
-of the runs behind it, since pocket-sized runs rarely do."""
+of the runs behind it, since pocket-sized runs rarely do, and every claim for Ours is stated
+against a control (musketeers.methods) on the same seeds: Ours' exact against the
+shuffled-experts control (does it need what the experts say about this item?), its routing
+(§4.3) against the shuffled-reward control (does reward, not the update itself, shape it?).
+A claim without its control run is no evidence either way, and says so. Accuracy here is
+``exact`` (share of greedy completions scoring 1)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import numpy as np
 
+from musketeers import methods
 from musketeers.reports.aggregate import (
     Cell,
     Run,
@@ -16,15 +23,38 @@ from musketeers.reports.aggregate import (
     mean_std,
     select,
     series,
-    spearmans,
 )
 from musketeers.reports.figures import LATENTS
-from musketeers.reports.tables import TASK_TITLES, TASKS, paper_text, table1_cells, table2_cells
+from musketeers.reports.tables import (
+    DEFAULT_POOLING,
+    DEFAULT_TEAM,
+    EXACT_CONTROL,
+    ROUTING_CONTROL,
+    TASK_TITLES,
+    TASKS,
+    paper_text,
+    table1_cells,
+    table2_cells,
+)
 
 PAPER_SPEARMAN = -0.48
-# §4.3's ρ is over the Perceiver's attention entropy: no_cross_attn has no attention, and
-# hard routing's "entropy" is its router's softmax, another quantity
-ROUTED = ("perceiver",)
+NO_CONTROL = "no control run: not evidence"
+# §4.3's routing claims, per run (aggregate.Run): (claim, Run attribute, the sign of "holds",
+# how to say the two means)
+ROUTING_CLAIMS: tuple[tuple[str, str, int, str], ...] = (
+    ("routing entropy falls over training", "entropy_drop", 1,
+     "entropy fell by {o:.3f} nats in Ours and by {c:.3f} under shuffled reward"),
+    ("expert utilisation concentrates over training", "concentration", 1,
+     "max_i u_i rose by {o:.3f} in Ours and by {c:.3f} under shuffled reward"),
+    (f"reward and routing entropy correlate negatively (paper: mean ρ = {PAPER_SPEARMAN})",
+     "spearman", -1, "mean ρ(reward, H) = {o:+.2f} in Ours and {c:+.2f} under shuffled reward"),
+)
+
+
+def routed(run: Run) -> bool:
+    """§4.3's claims are stated for the run's method (the registry's ``routed``) and it is no
+    control: a control's routing is the comparison, not the finding."""
+    return run.spec is not None and run.spec.routed and run.spec.control_of is None
 
 
 def compare(ours: Cell, paper: tuple[float, float] | None) -> str | None:
@@ -45,7 +75,7 @@ def compare(ours: Cell, paper: tuple[float, float] | None) -> str | None:
 def within_noise(a: Cell, b: Cell) -> tuple[bool, str]:
     """Whether two cells differ by no more than their evaluation's sampling noise, and a clause
     saying by how much: |Δ| ≤ 2·sqrt(SE_a² + SE_b²), with each SE the Bernoulli bound of
-    `Cell.item_se`. On 64 items a 3 % accuracy has SE ≈ 2.2 points, so one seed's 1–2 items
+    `Cell.item_se`. On 64 items a 3 % exact has SE ≈ 2.2 points, so one seed's 1–2 items
     of difference prove nothing either way, and the verdict must say so.
     """
     se_a, se_b = a.item_se, b.item_se
@@ -58,19 +88,98 @@ def _noise(a: float, se_a: float, b: float, se_b: float, unit: str,
            counts: str) -> tuple[bool, str]:
     two_se = 2.0 * math.sqrt(se_a**2 + se_b**2)
     diff, f = abs(a - b), (".2f" if unit == "points" else ".3f")
+    size = f"{diff:{f}}" + (f" {unit}" if unit else "")
     if diff == 0:
         return True, f"no difference at all, over {counts}"
     if diff > two_se:
-        return False, f"the difference, {diff:{f}} {unit}, exceeds 2 SE ({two_se:{f}})"
-    return True, f"the difference, {diff:{f}} {unit}, is within 2 SE ({two_se:{f}}) of {counts}"
+        return False, f"the difference, {size}, exceeds 2 SE ({two_se:{f}})"
+    return True, f"the difference, {size}, is within 2 SE ({two_se:{f}}) of {counts}"
 
 
-def _claim(text: str, holds: bool | None, detail: str, noise: bool = False) -> str:
-    verdict = "cannot be checked (runs missing)" if holds is None else (
-        "holds here" if holds else "does NOT hold here")
-    if holds is not None and noise:
-        verdict += ", but within noise"
+def _claim(text: str, holds: bool | None, detail: str, noise: bool = False,
+           verdict: str | None = None) -> str:
+    """One line: the claim, its verdict in bold (``verdict`` overrides the holds/noise one),
+    then why."""
+    if verdict is None:
+        verdict = "cannot be checked (runs missing)" if holds is None else (
+            "holds here" if holds else "does NOT hold here")
+        if holds is not None and noise:
+            verdict += ", but within noise"
     return f"- {text}: **{verdict}**{' — ' + detail if detail else ''}."
+
+
+def _seeds(seeds: Iterable[int]) -> str:
+    seeds = sorted(seeds)
+    return f"seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}"
+
+
+def _versus(ours: Cell, other: Cell, name: str) -> tuple[bool, bool, str] | None:
+    """Ours against one rival on the seeds both have: (ahead, within noise, clause), or None
+    when they share no seed."""
+    common = ours.seeds & other.seeds
+    if not common:
+        return None
+    a, b = ours.on(common), other.on(common)
+    noise, why = within_noise(a, b)
+    return a.mean > b.mean, noise, (f"vs {name} ({_seeds(common)}): {a.mean:.2f} vs "
+                                    f"{b.mean:.2f}" + (f"; {why}" if why else ""))
+
+
+def beats_claim(text: str, ours: Cell, base: Cell, base_name: str, control: Cell) -> str:
+    """"Ours beats ``base``", stated against ``base`` and against Ours' shuffled-experts
+    control on the same seeds: it holds only if Ours clears both."""
+    vs_base = _versus(ours, base, base_name)
+    if vs_base is None:
+        return _claim(text, None, "")
+    ahead, noise, clause = vs_base
+    vs_ctl = _versus(ours, control, "shuffled experts")
+    if vs_ctl is None:
+        return _claim(text, ahead, f"{clause}; no shuffled-experts run on Ours' seeds",
+                      noise, NO_CONTROL if ahead else None)
+    c_ahead, c_noise, c_clause = vs_ctl
+    verdict = None  # within noise of the baseline already is no finding; else the control
+    if ahead and not noise and c_noise:
+        verdict = "does not clear its control: within noise of it, not evidence"
+    elif ahead and not noise and not c_ahead:
+        verdict = "does not clear its control"
+    return _claim(text, ahead, f"{clause}; {c_clause}", noise, verdict)
+
+
+def routing_claim(runs: list[Run], task: str, latents: int, what: str, attr: str, sign: int,
+                  phrase: str) -> str:
+    """One §4.3 claim on ``task`` for Ours' default team, against its shuffled-reward control
+    on the same seeds; the noise is the spread over those seeds (SE = std / √n)."""
+    text = f"§4.3: on {TASK_TITLES[task]}, {what}; Ours (default team) vs shuffled reward"
+
+    def values(method: str) -> dict[int, float]:
+        key = {**DEFAULT_TEAM, "method": method}
+        return {r.seed: v for r in select(runs, task=task, pooling=DEFAULT_POOLING,
+                                          latents=latents, **key)
+                if r.status == "done" and (v := getattr(r, attr)) is not None}
+
+    ours, ctl = values(DEFAULT_TEAM["method"]), values(ROUTING_CONTROL)
+    if not ours:
+        return _claim(text, None, "")
+    seeds = sorted(ours.keys() & ctl.keys())
+    if not seeds:
+        o = float(np.mean(list(ours.values())))
+        return _claim(text, None, f"{o:+.3f} in Ours ({_seeds(ours)}); no shuffled-reward run "
+                      "on those seeds (or none where it is defined)", verdict=NO_CONTROL)
+    (o, sd_o), (c, sd_c) = mean_std([ours[s] for s in seeds]), mean_std([ctl[s] for s in seeds])
+    detail = phrase.format(o=o, c=c) + f" ({_seeds(seeds)})"
+    if sd_o is None or sd_c is None:
+        return _claim(text, None, f"{detail}; with 1 seed the SE is unknown",
+                      verdict="no verdict: 1 seed")
+    n = len(seeds)
+    noise, why = _noise(sign * o, sd_o / math.sqrt(n), sign * c, sd_c / math.sqrt(n), "",
+                        f"{n} seeds")
+    verdict = None
+    if sign * o > 0 and noise:
+        verdict = "within noise of its control: not evidence"
+    elif sign * o > 0 and sign * o < sign * c:
+        verdict = "does not clear its control"
+    return _claim(text, sign * o > 0, f"{detail}; {why}", verdict=verdict)
+
 
 
 def _sampled_steps(run: Run) -> int:
@@ -84,40 +193,32 @@ def _completions_per_step(run: Run) -> int:
 
 
 def paper_claims(runs: list[Run], latents: int) -> list[str]:
-    """The paper's qualitative findings, each tested on our runs."""
-    t1 = {row.label: cells for row, cells in table1_cells(runs, latents)}
-    out = []
-    single, ours = t1["Single"]["arithmetic"], t1["Ours Default Team (n=3)"]["arithmetic"]
-    ok = single.values and ours.values
-    noise, why = within_noise(ours, single) if ok else (False, "")
-    out.append(_claim("§4.2: on Arithmetic, Ours (Default Team) beats Single",
-                      ours.mean > single.mean if ok else None,
-                      f"{ours.mean:.2f} vs {single.mean:.2f}" + (f"; {why}" if why else "")
-                      if ok else "", noise))
-    logic = {label: cells["logic"] for label, cells in t1.items() if cells["logic"].values}
-    if "Single" in logic:
+    """The paper's qualitative findings, each tested on our runs (exact, in %)."""
+    key = dict(pooling=DEFAULT_POOLING, latents=latents)
+    ours = cell(runs, task="arithmetic", **key, **DEFAULT_TEAM)
+    single = methods.get("single").label
+    out = [beats_claim("§4.2: on Arithmetic, Ours (Default Team) beats Single", ours,
+                       cell(runs, task="arithmetic", method="single", **key), single,
+                       cell(runs, task="arithmetic", **key,
+                            **{**DEFAULT_TEAM, "method": EXACT_CONTROL}))]
+    # the paper's methods only: a control is no rival for "best method"
+    logic = {row.label: cells["logic"] for row, cells in table1_cells(runs, latents)
+             if not row.control and cells["logic"].values}
+    if single in logic:
         best = max(logic, key=lambda k: logic[k].mean)
         # the claim's rival: the best other method if Single leads, else Single itself
-        rival = "Single" if best != "Single" else max(
-            (k for k in logic if k != "Single"), key=lambda k: logic[k].mean, default=None)
+        rival = single if best != single else max(
+            (k for k in logic if k != single), key=lambda k: logic[k].mean, default=None)
         noise, why = within_noise(logic[best], logic[rival]) if rival else (False, "")
         detail = f"best is {best} ({logic[best].mean:.2f})" + (
             f", then {rival} ({logic[rival].mean:.2f}); {why}" if why else "")
-        out.append(_claim("§4.2: on Logic, Single is the best method", best == "Single",
+        out.append(_claim("§4.2: on Logic, Single is the best method", best == single,
                           detail, noise))
     else:
         out.append(_claim("§4.2: on Logic, Single is the best method", None, ""))
-    rhos = spearmans([r for r in runs if r.config.get("method") in ROUTED])
-    rho, sd = mean_std(rhos) if rhos else (None, None)
-    n = len(rhos)
-    # the runs' spread is the noise here: is the mean ρ more than 2 SE (std / √n) from 0?
-    se = sd / math.sqrt(n) if sd is not None else None
-    noise = se is not None and abs(rho) <= 2 * se
-    out.append(_claim(f"§4.3: reward and routing entropy correlate negatively "
-                      f"(paper: mean ρ = {PAPER_SPEARMAN})", None if rho is None else rho < 0,
-                      "" if rho is None else f"mean ρ = {rho:+.2f} over {n} runs" + (
-                          f"; 2 SE of that mean over runs = {2 * se:.2f}" if se is not None
-                          else ""), noise))
+    tasks = [t for t in TASKS if select(runs, task=t, **key, **DEFAULT_TEAM)] or ["arithmetic"]
+    for task in tasks:
+        out += [routing_claim(runs, task, latents, *claim) for claim in ROUTING_CLAIMS]
     t2 = {label: c for label, c, _ in table2_cells(runs, latents) if c.values}
     first, last = t2.get("First token (h^(L)_{i,0})"), t2.get("Last (ours, n=3)")
     if first and last:
@@ -137,8 +238,7 @@ def paper_claims(runs: list[Run], latents: int) -> list[str]:
         out.append(_claim("§4.4: first-token pooling is comparable to last-token pooling",
                           None, ""))
     for task in ("logic", "arithmetic"):
-        rs = [r for r in select(runs, task=task, method="perceiver", team="default",
-                                pooling="last", latents=latents) if r.status == "done"]
+        rs = [r for r in select(runs, task=task, **key, **DEFAULT_TEAM) if r.status == "done"]
         steps_c, with_c, _ = series(rs, "reward_mean")
         steps_x, without_c, _ = series(rs, "reward_no_context")
         with_c = with_c[np.isin(steps_c, steps_x)]  # the no-C reward is sampled every N steps
@@ -155,8 +255,8 @@ def paper_claims(runs: list[Run], latents: int) -> list[str]:
                           "reward without C (mean over the steps sampled both ways)",
                           a > b if ok else None, detail, noise))
     accs = {m: c for m in LATENTS
-            if (c := cell(runs, task="arithmetic", method="perceiver", team="default",
-                          pooling="last", latents=m)).values}
+            if (c := cell(runs, task="arithmetic", pooling=DEFAULT_POOLING, latents=m,
+                          **DEFAULT_TEAM)).values}
     best = max(c.mean for c in accs.values()) if len(accs) > 1 else None
     peaks = [m for m, c in accs.items() if c.mean == best]
     detail, noise = "", False
@@ -170,14 +270,14 @@ def paper_claims(runs: list[Run], latents: int) -> list[str]:
         noise, why = within_noise(accs[peaks[0]], rival) if rival is not None else (False, "")
         detail = f"peak at m = {', '.join(map(str, peaks))} ({best:.2f}%)" + (
             f"; {why} against {against}{rival.mean:.2f}%" if why else "")
-    out.append(_claim("§4.4 / Figure 6: accuracy on Arithmetic peaks at m = 8",
+    out.append(_claim("§4.4 / Figure 6: exact on Arithmetic peaks at m = 8 (paper: accuracy)",
                       None if best is None else peaks == [8], detail, noise))
     return out
 
 
 def cell_comparisons(runs: list[Run], latents: int) -> list[str]:
-    """Every cell with both our number and the paper's, as one table (a list of 40 bullets
-    reads worse than 40 rows)."""
+    """Every cell with both our number (exact) and the paper's (its accuracy), as one table
+    (a list of 40 bullets reads worse than 40 rows)."""
     rows = []
     for row, cells in table1_cells(runs, latents):
         for task in TASKS:

@@ -15,6 +15,10 @@ from typing import Any
 import numpy as np
 import yaml
 
+from musketeers import methods
+from musketeers.config import TrainConfig
+from musketeers.runlog import summarize
+
 FAKE_TEAMS = {
     "default": ["qwen-math", "qwen-coder", "llama-generalist"],
     "naive": ["qwen-math", "qwen-coder", "llama-generalist", "gpt2-random"],
@@ -34,21 +38,24 @@ def fake_train(fields: dict[str, Any], steps: int = 40) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(_seed(fields))
     (run_dir / "config.yaml").write_text(yaml.safe_dump(dict(fields), sort_keys=False))
-    method = fields.get("method")
-    experts = FAKE_TEAMS.get(fields.get("team") or "", []) if method != "single" else []
+    method = methods.get(str(fields.get("method", TrainConfig.method)))
+    experts = FAKE_TEAMS.get(fields.get("team") or "", []) if method.uses_experts else []
     favourite = rng.integers(len(experts)) if experts else 0
+    # under shuffled rewards routing has nothing to sharpen towards
+    sharpen = 0.0 if method.shuffle_rewards else 3.0
     rows = []
     for step in range(steps):
         progress = step / max(1, steps - 1)
         reward = float(np.clip(0.2 + 0.5 * progress + rng.normal(0, 0.05), 0, 1))
         row: dict[str, Any] = {
-            "step": step + 1, "reward_mean": reward, "reward_std": 0.3, "accuracy": reward,
-            "kl": 0.01 * progress, "loss": -0.1, "grad_norm": 1.0, "completion_len": 60.0,
-            "zero_var_frac": 0.1, "time_s": 1.5,
+            "step": step + 1, "reward_mean": reward, "reward_std": 0.3,
+            "exact": 0.8 * reward, "kl": 0.01 * progress, "loss": -0.1, "grad_norm": 1.0,
+            "completion_len": 60.0, "zero_var_frac": 0.1, "truncated_frac": 0.2,
+            "answered_frac": 0.7, "update_skipped": False, "time_s": 1.5,
         }
-        if method in ("perceiver", "hard_routing") and experts:  # no_cross_attn has no A
+        if method.attention and experts:
             logits = np.zeros(len(experts))
-            logits[favourite] = 3.0 * progress
+            logits[favourite] = sharpen * progress
             if "gpt2-random" in experts:
                 logits[experts.index("gpt2-random")] = -2.0 * progress
             logits += rng.normal(0, 0.1, len(experts))
@@ -61,20 +68,18 @@ def fake_train(fields: dict[str, Any], steps: int = 40) -> Path:
             row["reward_no_context"] = float(np.clip(reward - 0.15 * progress, 0, 1))
         rows.append(row)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    from musketeers.reports.aggregate import spearman_reward_entropy
-
-    (run_dir / "summary.json").write_text(json.dumps({
-        "spearman_reward_entropy": spearman_reward_entropy(rows), "steps": steps,
-        "status": "done"}))
+    summarize(run_dir, steps)  # summary.json by the trainer's own code
     return run_dir
 
 
 def fake_evaluate(run_dir: Path, limit: int | None = None, context: bool = True) -> dict:
-    """Write and return eval.json (or eval_no_context.json) with a made-up accuracy."""
+    """Write and return eval.json (or eval_no_context.json) with made-up exact and score
+    (partial credit puts the score above exact)."""
     fields = yaml.safe_load((Path(run_dir) / "config.yaml").read_text())
     rng = np.random.default_rng(_seed(fields))
-    acc = float(np.clip(0.5 + rng.normal(0, 0.08) - (0 if context else 0.1), 0, 1))
-    result = {"accuracy": acc, "n": limit or 64, "split": "val"}
+    exact = float(np.clip(0.5 + rng.normal(0, 0.08) - (0 if context else 0.1), 0, 1))
+    result = {"exact": exact, "score": min(1.0, exact + 0.05), "n": limit or 64,
+              "split": "val"}
     name = "eval.json" if context else "eval_no_context.json"
     (Path(run_dir) / name).write_text(json.dumps(result))
     return result

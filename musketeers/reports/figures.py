@@ -2,8 +2,9 @@
 
 Figure 4: per-expert utilisation u_i, routing entropy H (Eq. 15) and reward over training
 steps, one PNG per task, one column per team; lines are the mean over seeds, bands ± the
-sample std. Figure 5: reward with vs. without the context tokens C. Figure 6: accuracy vs.
-the number of latent queries m. Each expert keeps one colour in every figure of a report.
+sample std. Figure 5: reward with vs. without the context tokens C. Figure 6: exact (share of
+greedy validation completions scoring 1) vs. the number of latent queries m. Each expert
+keeps one colour in every figure of a report.
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ from musketeers.reports.aggregate import (  # noqa: E402
     select,
     series,
 )
-from musketeers.reports.tables import DEFAULT_POOLING, TASK_TITLES, TASKS  # noqa: E402
+from musketeers.reports.tables import (  # noqa: E402
+    DEFAULT_POOLING,
+    OURS,
+    TASK_TITLES,
+    TASKS,
+)
 
 TEAM_TITLES = {"default": "Default Team", "naive": "Naive Team", "llm": "LLM Team",
                "generalist": "Generalist Team"}
@@ -79,7 +85,7 @@ def _smooth_note(window: int) -> str:
 
 
 def _fig4_runs(runs: list[Run], task: str, team: str, latents: int) -> list[Run]:
-    return [r for r in select(runs, task=task, method="perceiver", team=team,
+    return [r for r in select(runs, task=task, method=OURS, team=team,
                               pooling=DEFAULT_POOLING, latents=latents)
             if r.status == "done" and r.metrics]
 
@@ -167,14 +173,14 @@ def figure5(runs: list[Run], out_dir: Path, latents: int = 8) -> Path | None:
 
 
 def _figure5_eval(runs: list[Run], out_dir: Path, latents: int) -> Path | None:
-    """Figure 5 without per-step no-C rewards: final validation accuracy with vs. without C."""
+    """Figure 5 without per-step no-C rewards: final validation exact with vs. without C."""
     rows = []
     for task in TASKS:
         rs = [r for r in _fig4_runs(runs, task, "default", latents)
-              if r.accuracy is not None and r.eval_no_context is not None]
+              if r.exact is not None and r.value("exact", no_context=True) is not None]
         if rs:
-            with_c = [r.accuracy for r in rs]
-            without = [100.0 * float(r.eval_no_context["accuracy"]) for r in rs]
+            with_c = [r.exact for r in rs]
+            without = [r.value("exact", no_context=True) for r in rs]
             rows.append((task, with_c, without))
     if not rows:
         return None
@@ -193,7 +199,7 @@ def _figure5_eval(runs: list[Run], out_dir: Path, latents: int) -> Path | None:
     ax.set_xticks(x, [f"{TASK_TITLES[t]}\n({len(w)} seed{'s' * (len(w) > 1)})"
                       for t, w, _ in rows])
     ax.set_ylim(0, max(10.0, 1.2 * top))
-    ax.set_ylabel("validation accuracy (%)")
+    ax.set_ylabel("exact (%)")
     ax.set_title("Figure 5 — trained policy with vs. without\ncontext tokens C (default team, "
                  "end of training)\nbar: mean over seeds; whisker: ± sample std", fontsize=10)
     ax.grid(alpha=0.3, axis="y")
@@ -202,16 +208,15 @@ def _figure5_eval(runs: list[Run], out_dir: Path, latents: int) -> Path | None:
 
 
 def figure6(runs: list[Run], out_dir: Path) -> Path | None:
-    """Figure 6: validation accuracy vs. number of latent queries m (default team)."""
+    """Figure 6: validation exact vs. number of latent queries m (default team)."""
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     plotted, top = False, 0.0
     for i, task in enumerate(TASKS):
         xs, ys, es, ns = [], [], [], []
         for m in LATENTS:
-            acc = [r.accuracy for r in select(runs, task=task, method="perceiver",
-                                              team="default", pooling=DEFAULT_POOLING,
-                                              latents=m)
-                   if r.status == "done" and r.accuracy is not None]
+            acc = [r.exact for r in select(runs, task=task, method=OURS, team="default",
+                                           pooling=DEFAULT_POOLING, latents=m)
+                   if r.status == "done" and r.exact is not None]
             if acc:
                 mean, std = mean_std(acc)
                 xs.append(m)
@@ -234,8 +239,8 @@ def figure6(runs: list[Run], out_dir: Path) -> Path | None:
     ax.axvline(8, color="grey", ls=":", lw=1, label="paper's default m = 8")
     ax.set_ylim(0, max(10.0, 1.15 * top))
     ax.set_xlabel("number of latent queries m (log scale)")
-    ax.set_ylabel("validation accuracy (%)")
-    ax.set_title("Figure 6 — accuracy vs. number of latents m\n"
+    ax.set_ylabel("exact (%)")
+    ax.set_title("Figure 6 — exact vs. number of latents m\n"
                  "(default team; mean ± sample std over seeds)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

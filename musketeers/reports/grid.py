@@ -23,20 +23,23 @@ from typing import Any
 
 import yaml
 
+from musketeers import methods
 from musketeers.cache.errors import UserError
 from musketeers.reports.ledger import discard, timed
 
 log = logging.getLogger(__name__)
 
 BUDGETS = ("smoke", "pocket", "paper")
-# Fields that do not change what a method computes; dropped from its run name and its group.
-IRRELEVANT = {
-    "single": ("team", "pooling", "latents", "context_position"),
-    "output_collab": ("pooling", "latents", "context_position"),  # no C: experts speak in text
-    "hard_routing": ("latents",),
-}
 # Order of the fields in a run's name.
 NAME_FIELDS = ("task", "method", "team", "pooling", "latents")
+
+
+def ignored(method: Any) -> tuple[str, ...]:
+    """Config fields that change nothing ``method`` computes (the registry's ``ignores``):
+    dropped from its run name, its table group and its staleness check. None for a name the
+    registry does not know (an old run folder's), so such a run still reads, ungrouped."""
+    spec = methods.REGISTRY.get(str(method))
+    return spec.ignores if spec else ()
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,7 @@ def grid_file(budget: str) -> Path:
 
 def run_name(budget: str, fields: dict[str, Any]) -> str:
     """Unique folder name ``<budget>-<task>-<method>[-team][-pooling][-mK]-s<seed>``."""
-    skip = set(IRRELEVANT.get(fields.get("method", ""), ()))
+    skip = set(ignored(fields.get("method")))
     parts = [budget]
     for key in NAME_FIELDS:
         if key in skip or fields.get(key) is None:
@@ -185,7 +188,7 @@ def stale_fields(run_dir: Path, cfg: Any) -> dict[str, tuple[Any, Any]]:
         return {}
     saved = yaml.safe_load(path.read_text()) or {}
     now = _plain(asdict(cfg) if is_dataclass(cfg) else dict(cfg))
-    ignore = {*NOT_STALE, *IRRELEVANT.get(now.get("method"), ())}
+    ignore = {*NOT_STALE, *ignored(now.get("method"))}
     return {k: (saved[k], now[k]) for k in sorted(saved.keys() & now.keys())
             if k not in ignore and saved[k] != now[k]}
 

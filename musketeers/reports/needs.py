@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from musketeers import methods
 from musketeers.cache.errors import UserError
 from musketeers.cache.store import SPLITS
+from musketeers.config import TrainConfig
 from musketeers.features import cache_root
 from musketeers.reports.grid import Grid
 from musketeers.reports.ledger import timed
@@ -37,12 +39,14 @@ def _team_experts(team: str | None, roster: str) -> list[str]:
 
 def grid_needs(grid: Grid, team_experts: Callable[[str | None, str], list[str]] | None = None
                ) -> list[TaskNeed]:
-    """Union over the grid's runs of what each task's store must hold."""
+    """Union over the grid's runs of what each task's store must hold: what each run's method
+    reads (the registry's ``reads``; a control reads what its method does)."""
     team_experts = team_experts or _team_experts
     needs: dict[tuple[str, str, str], TaskNeed] = {}
     for run in grid.runs:
         f: dict[str, Any] = run.fields
-        if f.get("method") == "single":
+        method = methods.get(str(f.get("method", TrainConfig.method)))
+        if not method.uses_experts:
             continue
         roster = str(f.get("roster", "pocket"))
         # the trainer's own rule (option, else $MUSKETEERS_CACHE_DIR, else stores), so the
@@ -50,11 +54,12 @@ def grid_needs(grid: Grid, team_experts: Callable[[str | None, str], list[str]] 
         cache_dir = str(cache_root(f.get("cache_dir")))
         key = (str(f["task"]), cache_dir, roster)
         need = needs.setdefault(key, TaskNeed(*key))
+        # hints live in the experts' groups, so a method reading hints needs those too
         for name in team_experts(f.get("team"), roster):
             need.experts.setdefault(name, None)
-            if f.get("method") == "output_collab":
+            if "hints" in method.reads:
                 need.hint_experts.setdefault(name, None)
-        need.router |= f.get("method") == "hard_routing"
+        need.router |= "router" in method.reads
     return list(needs.values())
 
 

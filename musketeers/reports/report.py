@@ -9,13 +9,15 @@ from pathlib import Path
 
 import numpy as np
 
-from musketeers.reports.aggregate import Run, load_runs, mean_spearman
-from musketeers.reports.claims import PAPER_SPEARMAN, ROUTED, cell_comparisons, paper_claims
+from musketeers.reports.aggregate import METRICS, Run, load_runs, mean_spearman
+from musketeers.reports.claims import PAPER_SPEARMAN, cell_comparisons, paper_claims, routed
 from musketeers.reports.figures import all_figures
 from musketeers.reports.grid import Grid
 from musketeers.reports.ledger import PHASES, ledger_path, totals
 from musketeers.reports.tables import (
     DEFAULT_LATENTS,
+    METRIC_TEXT,
+    PAPER_METRIC,
     TASK_TITLES,
     TASKS,
     table1_markdown,
@@ -92,23 +94,35 @@ def _fmt(value: float | None, spec: str) -> str:
     return "—" if value is None else format(value, spec)
 
 
+def _share(value: float | None) -> str:
+    return _fmt(None if value is None else 100.0 * value, ".0f")
+
+
 def _runs_table(runs: list[Run]) -> list[str]:
-    # completion length: a policy that stops at its first token (no reward, no signal) shows
-    # here; "answered": a policy that never writes <answer> tags scores 0 whatever it knows
-    lines = ["| run | status | steps | wall time (s) | train reward | groups without signal "
-             "| completion (tokens) | answered (%) | truncated (%) | accuracy (%) "
+    # training: updates skipped (no signal), sampled completions cut off / with an answer,
+    # mean reward, groups without signal (zero-std) and completion length (a policy that
+    # stops at its first token shows here); then the greedy validation completions: answered
+    # (a policy that never writes <answer> tags scores 0 whatever it knows), truncated, exact
+    # and score. "unknown": an eval.json from before exact was counted.
+    lines = ["| run | status | steps | wall time (s) | updates skipped | truncated in training "
+             "(%) | answered in training (%) | train reward | groups without signal "
+             "| completion (tokens) | answered (%) | truncated (%) | exact (%) | score (%) "
              "| ρ(reward, H) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in runs:
         s = r.summary or {}
         wall = r.wall_time if r.metrics or r.summary else None
+        exact = "unknown" if r.eval and r.exact is None else _fmt(r.exact, ".2f")
         lines.append(f"| {r.name} | {r.status.upper() if r.status == 'failed' else r.status} | "
                      f"{s.get('steps', '—')} | {_fmt(wall, '.0f')} | "
+                     f"{_fmt(r.updates_skipped, 'd')} | "
+                     f"{_share(r.metric_mean('truncated_frac'))} | "
+                     f"{_share(r.metric_mean('answered_frac'))} | "
                      f"{_fmt(r.train_reward, '.3f')} | {_fmt(r.no_signal, '.0%')} | "
                      f"{_fmt(r.metric_mean('completion_len'), '.1f')} | "
                      f"{_fmt(r.eval_share('answered'), '.0f')} | "
-                     f"{_fmt(r.eval_share('truncated'), '.0f')} | {_fmt(r.accuracy, '.2f')} | "
-                     f"{_fmt(r.spearman, '+.2f')} |")
+                     f"{_fmt(r.eval_share('truncated'), '.0f')} | {exact} | "
+                     f"{_fmt(r.score, '.2f')} | {_fmt(r.spearman, '+.2f')} |")
     return lines
 
 
@@ -138,8 +152,8 @@ def learning_signal(runs: list[Run]) -> list[str]:
 
 
 def answer_format(runs: list[Run]) -> list[str]:
-    """Why greedy accuracy is low, when it is: completions without an ``<answer>`` score 0,
-    and a completion cut off at max_new_tokens rarely reached one."""
+    """Why greedy exact and score are low, when they are: completions without an
+    ``<answer>`` score 0, and a completion cut off at max_new_tokens rarely reached one."""
     out = []
     for key, what in (("answered", "wrote an `<answer>…</answer>` for the scorer to grade"),
                       ("truncated", "ran out of new tokens before ending")):
@@ -155,15 +169,28 @@ def answer_format(runs: list[Run]) -> list[str]:
             "are in its `eval_samples.jsonl`"]
 
 
+def _old_evals(runs: list[Run]) -> list[str]:
+    """Say which runs' exact is unknown: their eval.json predates it (its ``accuracy`` was
+    the mean score, read as score)."""
+    old = [r.name for r in runs if r.eval and r.exact is None]
+    if not old:
+        return []
+    return [f"Exact is unknown for {len(old)} run{'s' * (len(old) != 1)} whose eval.json "
+            "predates it ({}): their `accuracy` was the mean score and reads as score; "
+            "evaluate them again (`musketeers eval`) for exact.".format(", ".join(old)), ""]
+
+
 def write_report(grid: Grid, runs_dir: Path, reports_dir: Path) -> Path:
     """Write table1.md, table2.md, the figures and README.md under reports_dir/<budget>."""
     out = Path(reports_dir) / grid.budget
     out.mkdir(parents=True, exist_ok=True)
     runs = load_runs(Path(runs_dir), names=[g.name for g in grid.runs])
     latents = int(grid.defaults.get("latents", DEFAULT_LATENTS))
-    t1, t2 = table1_markdown(runs, latents), table2_markdown(runs, latents)
-    (out / "table1.md").write_text(t1)
-    (out / "table2.md").write_text(t2)
+    # exact leads; the same tables for score follow
+    t1 = {m: table1_markdown(runs, latents, m) for m in METRICS}
+    t2 = {m: table2_markdown(runs, latents, m) for m in METRICS}
+    (out / "table1.md").write_text("\n".join(t1.values()))
+    (out / "table2.md").write_text("\n".join(t2.values()))
     figs = all_figures(runs, out, latents)
     # a figure an earlier report drew (e.g. from runs since set aside as stale) must not sit
     # beside this report as if it were current
@@ -173,40 +200,45 @@ def write_report(grid: Grid, runs_dir: Path, reports_dir: Path) -> Path:
             old.unlink()
     md = [f"# Ablations — budget `{grid.budget}`", "", "## What was run", "",
           *_what_was_run(grid, runs, Path(runs_dir)), "",
-          "Accuracy is greedy validation accuracy in %; "
-          "± is the sample standard deviation (ddof = 1) over seeds.", "",
-          "## Table 1", "", t1, "## Table 2", "", t2, "## Figures", ""]
+          f"Two metrics of the greedy validation completions: {METRIC_TEXT['exact']}, and "
+          f"{METRIC_TEXT['score']}; {PAPER_METRIC}. ± is the sample standard deviation "
+          "(ddof = 1) over seeds.", "", *_old_evals(runs),
+          "## Table 1", "", t1["exact"], "## Table 2", "", t2["exact"],
+          "## Tables 1 and 2 by score", "", t1["score"], t2["score"], "## Figures", ""]
     captions = {"figure4": "Figure 4 — utilisation, routing entropy and reward over training",
                 "figure5": "Figure 5 — reward with vs. without C",
-                "figure6": "Figure 6 — accuracy vs. number of latents m"}
+                "figure6": "Figure 6 — exact vs. number of latents m"}
     for key, caption in captions.items():
         if not figs[key]:
             md += [f"*{caption}: no runs with the data it needs.*", ""]
         for path in figs[key]:
             md += [f"![{caption}: {path.stem}]({path.name})", ""]
     md += ["## Spearman ρ(reward, routing entropy) per task", "",
-           f"Computed per Perceiver run (Ours: every team, pooling and m) over its training "
-           f"trajectory, then averaged (paper: mean ρ = "
-           f"{PAPER_SPEARMAN} across tasks).", ""]
+           f"Computed per Perceiver run (Ours: every team, pooling and m; no control) over its "
+           f"training trajectory, then averaged (paper: mean ρ = {PAPER_SPEARMAN} across "
+           "tasks); the claims below state it against the shuffled-reward control.", ""]
     for task in TASKS:
-        routed = [r for r in runs if r.config.get("task") == task
-                  and r.config.get("method") in ROUTED and r.status == "done"]
-        rho, n = mean_spearman(routed)
+        ours = [r for r in runs if r.config.get("task") == task
+                and routed(r) and r.status == "done"]
+        rho, n = mean_spearman(ours)
         if rho is not None:
-            rest = len(routed) - n
+            rest = len(ours) - n
             text = f"ρ = {rho:+.2f} ({n} runs" + (
                 f"; undefined in {rest} more with a constant series)" if rest else ")")
-        elif routed:  # e.g. a random policy's reward is 0 at every step: ρ has no meaning
-            text = (f"undefined in all {len(routed)} runs (reward or entropy constant over "
+        elif ours:  # e.g. a random policy's reward is 0 at every step: ρ has no meaning
+            text = (f"undefined in all {len(ours)} runs (reward or entropy constant over "
                     "training)")
         else:
             text = "— (no Perceiver run finished)"
         md.append(f"- {TASK_TITLES[task]}: {text}")
     md += ["", "## Agreement with the paper", "",
-           "Findings (\"but within noise\": the difference is within 2 standard errors of "
-           "its noise, a Bernoulli bound over the graded items or sampled completions, or "
-           "the spread over runs for ρ, so it is no finding either way):", "",
-           *paper_claims(runs, latents), "", "Cells:", "", *cell_comparisons(runs, latents),
+           "Findings, in exact (\"but within noise\": the difference is within 2 standard "
+           "errors of its noise, a Bernoulli bound over the graded items or sampled "
+           "completions, or the spread over seeds for routing, so it is no finding either way;"
+           " each claim for Ours is stated against a control on the same seeds, and one "
+           "without its control run is \"not evidence\"):", "",
+           *paper_claims(runs, latents), "",
+           "Cells (ours: exact; the paper's: its accuracy):", "", *cell_comparisons(runs, latents),
            "", "## Runs", "", *_runs_table(runs), ""]
     failed = [r for r in runs if r.status == "failed"]
     missing = sorted({g.name for g in grid.runs} - {r.name for r in runs})
