@@ -157,8 +157,11 @@ class Run:
 
 
 def group_key(config: dict[str, Any]) -> dict[str, Any]:
-    """The fields that define a table cell; seeds of one key are averaged."""
+    """The fields that define a table cell; seeds of one key are averaged. A task variant
+    (``arithmetic:easy@direct``) fills its base task's column; ``Cell.variants`` names it."""
     key = {k: config.get(k) for k in GROUP_FIELDS}
+    if isinstance(key["task"], str):
+        key["task"] = key["task"].partition("@")[0].partition(":")[0]
     for k in ignored(key["method"]):
         if k in key:
             key[k] = None
@@ -283,6 +286,12 @@ class Cell:
         if not self.values or not self.items:
             return None
         return 100.0 * bernoulli_se(self.mean / 100.0, self.items)
+
+    @property
+    def variants(self) -> list[str]:
+        """The task names its runs trained on that are not the paper's own (variants)."""
+        names = {str(r.config.get("task")) for r in self.runs}
+        return sorted(n for n in names if ":" in n or "@" in n)
 
     def text(self) -> str:
         """``75.26 ± 5.62``; ``FAILED`` if no seed finished but one failed; ``unknown`` if the

@@ -64,6 +64,8 @@ def compare(ours: Cell, paper: tuple[float, float] | None) -> str | None:
     """
     if paper is None or not ours.values:
         return None
+    if ours.variants:
+        return f"not comparable: ours ran {', '.join(ours.variants)}, not the paper's items"
     diff = ours.mean - paper[0]
     tol = max(ours.std or 0.0, paper[1])
     if abs(diff) <= tol:

@@ -75,7 +75,11 @@ def _what_was_run(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]:
         f"{sum(r.status == 'failed' for r in runs)} failed, "
         f"{sum(r.status == 'incomplete' for r in runs)} incomplete)",
         f"- Policy: {values('policy')}; roster: {values('roster')}",
-        f"- Tasks: {values('task')}; methods: {values('method')}",
+        f"- Tasks: {values('task')} (a variant base:level@prompt fills its base task's column, "
+        "and its cells are not compared with the paper's numbers); methods: "
+        f"{values('method')}",
+        f"- Answer extraction: {values('extraction')}; new tokens: {values('max_new_tokens')}; "
+        f"G: {values('group_size')}",
         f"- Seeds: {values('seed')}; training steps per run: "
         f"{', '.join(map(str, steps)) or '—'}",
         f"- Total training wall time (sum over runs): {wall:.0f} s ({wall / 3600:.2f} h)",
