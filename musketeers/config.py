@@ -285,7 +285,7 @@ def torch_dtype_name(dtype: str, device: str) -> str:
     machine that runs it, so a config saved as ``auto`` stays portable across CPUs."""
     if dtype != "auto":
         return dtype
-    from musketeers.cache.precompute import cpu_has_bf16
+    from musketeers.cache.devices import cpu_has_bf16
 
     return "bfloat16" if device.startswith("cuda") or cpu_has_bf16() else "float32"
 

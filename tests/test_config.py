@@ -230,3 +230,19 @@ def test_interrupts_say_how_to_resume_and_keep_the_exit_status(tmp_path, monkeyp
         cli_main.main()
     assert exit_info.value.code == code
     assert said.format(run=run) in capsys.readouterr().err
+
+
+def test_dtype_auto_follows_the_devices_native_support(monkeypatch):
+    """auto: bf16 where the device computes it natively, float32 where it would be emulated."""
+    from musketeers.cache import devices
+    from musketeers.config import torch_dtype_name
+
+    assert torch_dtype_name("auto", "cpu") == ("bfloat16" if devices.cpu_has_bf16()
+                                               else "float32")
+    monkeypatch.setattr(devices, "cpu_has_bf16", lambda: False)
+    assert torch_dtype_name("auto", "cpu") == "float32"
+    assert torch_dtype_name("auto", "cuda") == "bfloat16"
+    monkeypatch.setattr(devices, "cpu_has_bf16", lambda: True)
+    assert torch_dtype_name("auto", "cpu") == "bfloat16"
+    assert torch_dtype_name("float32", "cuda") == "float32"  # an explicit dtype is kept
+    assert resolve_config(None, {"budget": "pocket"}).dtype == "auto"
