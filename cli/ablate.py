@@ -45,6 +45,7 @@ def ablate(
     from musketeers.reports.grid import load_grid, run_grid
     from musketeers.reports.ledger import ledger_path
     from musketeers.reports.needs import ensure_cache
+    from musketeers.reports.publish import publish_runs
     from musketeers.reports.report import write_report
 
     task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
@@ -65,7 +66,9 @@ def ablate(
                    + (f", {len(result.stale)} stale (set aside under {runs_dir / 'stale'} "
                       "and run again)" if result.stale else ""))
     path = write_report(g, runs_dir, reports_dir)
-    typer.echo(f"report: {path}")
+    copied = publish_runs(g, runs_dir, path.parent / "runs")
+    typer.echo(f"report: {path} (with the artefacts of {len(copied)} finished runs under "
+               f"{path.parent / 'runs'}: commit that folder to publish the result)")
 
 
 def register(app: typer.Typer) -> None:

@@ -44,6 +44,17 @@ def test_three_run_grid_end_to_end(tmp_path: Path):
         assert mpimg.imread(out / png).ndim == 3
     second = CliRunner().invoke(app, args)
     assert "0 trained" in second.output and "3 already done" in second.output
+    # the report folder is the published result: each finished run's small artefacts, no
+    # checkpoints, enough to rebuild the same report on another machine
+    published = out / "runs" / "smoke-arithmetic-single-s0"
+    assert {p.name for p in published.iterdir()} >= {"config.yaml", "metrics.jsonl",
+                                                       "summary.json", "eval.json"}
+    assert not list((out / "runs").rglob("*.safetensors"))
+    rebuilt = CliRunner().invoke(app, ["ablate", "--grid", str(grid), "--report-only",
+                                       "--runs-dir", str(out / "runs"),
+                                       "--reports-dir", str(tmp_path / "elsewhere")])
+    assert rebuilt.exit_code == 0, rebuilt.output
+    assert (tmp_path / "elsewhere" / "smoke" / "table1.md").read_text() == table1
 
 
 def _decodes_non_empty(png: Path) -> bool:
