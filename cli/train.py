@@ -1,9 +1,8 @@
 """``musketeers train`` and ``musketeers eval``: thin wiring of musketeers.trainer/evaluate.
 
 The train options are the TrainConfig fields that musketeers.config marks ``cli`` (their help
-text lives there too); every option is also a key of the YAML file given with ``--config``; an
-option given on the
-command line wins over the YAML, which wins over the ``--budget`` preset.
+text lives there too). Every option is also a key of the YAML file given with ``--config``; an
+option given on the command line wins over the YAML, which wins over the ``--budget`` preset.
 
 ``--resume --steps N`` stops that invocation after step N; the run keeps its configured length
 (config.yaml, the LR schedule), so a later ``--resume`` finishes it. N beyond the run's steps is
