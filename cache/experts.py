@@ -282,17 +282,31 @@ def resolve_local(spec: ExpertSpec) -> str:
     return str(out)
 
 
+def _tokenizer_at(source: str):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    return tokenizer
+
+
+def load_tokenizer(spec: ExpertSpec):
+    """The expert's tokenizer alone, as :func:`load_expert` loads it (no weights read)."""
+    return _tokenizer_at(resolve_local(spec))
+
+
 def load_expert(spec: ExpertSpec, device: str = "cpu", dtype: torch.dtype = torch.float32):
     """(model in eval mode on ``device`` in ``dtype``, tokenizer), offline only.
 
     The model's ``weights_sha256`` is attached as ``model.musketeers_sha256`` (hashed as stored,
     before the dtype cast), for the store fingerprint.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     source = resolve_local(spec)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+        tokenizer = _tokenizer_at(source)
         model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, dtype="auto")
     except (OSError, ValueError) as exc:
         if spec.kind == "dir":
@@ -303,8 +317,6 @@ def load_expert(spec: ExpertSpec, device: str = "cpu", dtype: torch.dtype = torc
             f"expert {spec.name!r}: {source} is not available offline; download it into the "
             f"HF cache (huggingface-cli download {source}) or pass a local folder with --experts"
         ) from exc
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     model.musketeers_sha256 = weights_sha256(model)
     model.to(device=device, dtype=dtype).eval()
     return model, tokenizer

@@ -40,6 +40,7 @@ from musketeers.cache.experts import (
 from musketeers.cache.items import Item, items_fingerprint
 from musketeers.cache.pooling import random_positions
 from musketeers.cache.progress import progress
+from musketeers.cache.prompts import render_prompt
 from musketeers.cache.verify import corrupt_chunks
 
 log = logging.getLogger("musketeers.precompute")
@@ -59,26 +60,6 @@ class PrecomputeConfig:
     force: bool = False
     router: bool = True
     compile: str = "auto"  # torch.compile the backbone: auto (large CUDA runs), on, off
-
-
-def prompt_ids(tokenizer, item: Item) -> list[int]:
-    """The expert's own view of the prompt: chat template when it has one, else plain text.
-
-    Chat-templated text already holds its special tokens, so it is tokenized without adding
-    them again; plain text gets the tokenizer's own (Gemma needs its ``<bos>``).
-    """
-    if getattr(tokenizer, "chat_template", None):
-        user = {"role": "user", "content": item.question}
-        msgs = [{"role": "system", "content": item.system}, user] if item.system else [user]
-        try:
-            text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
-        except Exception:  # noqa: BLE001 - templates without a system role
-            user = {"role": "user", "content": f"{item.system}\n\n{item.question}"}
-            text = tokenizer.apply_chat_template([user], add_generation_prompt=True,
-                                                 tokenize=False)
-        return tokenizer(text, add_special_tokens=False)["input_ids"]
-    text = f"{item.system}\n\n{item.question}" if item.system else item.question
-    return tokenizer(text)["input_ids"]
 
 
 def context_length(model, max_length: int) -> int:
@@ -102,7 +83,7 @@ def prompt_seqs(tokenizer, items: list[Item], limit: int) -> tuple[list[list[int
     """Token ids per item under the truncation rule (keep the last ``limit``); which were cut."""
     seqs, truncated = [], []
     for it in items:
-        ids = prompt_ids(tokenizer, it)
+        ids = render_prompt(tokenizer, it)
         truncated.append(len(ids) > limit)
         seqs.append(ids[-limit:])
     return seqs, truncated

@@ -1,7 +1,8 @@
 """``musketeers train`` and ``musketeers eval``: thin wiring of musketeers.trainer/evaluate.
 
-Every option is also a key of the YAML file given with ``--config``; an option given on the
-command line wins over the YAML, which wins over the ``--budget`` preset.
+The train options are the TrainConfig fields that musketeers.config marks ``cli`` (their help
+text lives there too). Every option is also a key of the YAML file given with ``--config``; an
+option given on the command line wins over the YAML, which wins over the ``--budget`` preset.
 
 ``--resume --steps N`` stops that invocation after step N; the run keeps its configured length
 (config.yaml, the LR schedule), so a later ``--resume`` finishes it. N beyond the run's steps is
@@ -10,14 +11,17 @@ refused: a longer run is a new ``--run-dir``.
 
 from __future__ import annotations
 
+import inspect
 import json
+import typing
+from dataclasses import Field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from musketeers.cache.errors import UserError
-from musketeers.methods import names as method_names
+from musketeers.config import TrainConfig, cli_fields
 
 Opt = typer.Option
 # what a resumed run may change: where its parts live, not what it is (--steps only stops
@@ -25,66 +29,37 @@ Opt = typer.Option
 RESUME_MAY_CHANGE = ("device", "cache_dir", "run_dir")
 
 
-METHOD_NAMES = method_names()
+def _cli_type(f: Field) -> Any:
+    """The option's type: None stands for "not given", so the YAML / budget value stays."""
+    if f.metadata.get("path"):
+        return Path | None
+    hint = typing.get_type_hints(TrainConfig)[f.name]
+    inner = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    base = inner[0]
+    # a list option is one comma-separated string; config splits it like a YAML "a,b"
+    return (str if typing.get_origin(base) is list else base) | None
 
 
-def train(
-    task: Annotated[str | None, Opt(help="arithmetic, algorithmic, logic, gsm8k, ...")] = None,
-    team: Annotated[str | None, Opt(help="named team (default, generalist, naive, llm)")] = None,
-    roster: Annotated[str | None, Opt(help="pocket, paper or tiny")] = None,
-    experts: Annotated[str | None, Opt(help="comma-separated expert names")] = None,
-    team_file: Annotated[Path | None, Opt(help="YAML team file")] = None,
-    method: Annotated[str | None, Opt(help=", ".join(METHOD_NAMES))] = None,
-    pooling: Annotated[str | None, Opt(help="last, first_token, random_token, first_layer, "
-                                            "random_layer, mean, layer:K")] = None,
-    latents: Annotated[int | None, Opt(help="m, the number of context tokens")] = None,
-    policy: Annotated[str | None, Opt(help="qwen2.5-coder-0.5b-instruct, smollm2, ...")] = None,
-    budget: Annotated[str | None, Opt(help="smoke, pocket or paper")] = None,
-    seed: Annotated[int | None, Opt()] = None,
-    steps: Annotated[int | None, Opt(help="steps of the run; with --resume, stop this "
-                                           "invocation after step N (the run keeps its own)")
-                     ] = None,
-    group_size: Annotated[int | None, Opt(help="G, completions per prompt")] = None,
-    max_new_tokens: Annotated[int | None, Opt()] = None,
-    beta: Annotated[float | None, Opt(help="KL coefficient")] = None,
-    lr: Annotated[float | None, Opt(help="LoRA learning rate")] = None,
-    adapter_lr: Annotated[float | None, Opt(help="adapter learning rate")] = None,
-    advantage: Annotated[str | None, Opt(help="group or loo")] = None,
-    reward_norm: Annotated[str | None, Opt(help="group, task or none")] = None,
-    dynamic_sampling: Annotated[bool | None, Opt("--dynamic-sampling/--no-dynamic-sampling",
-                                                 help="drop zero-variance groups")] = None,
-    clip_low: Annotated[float | None, Opt()] = None,
-    clip_high: Annotated[float | None, Opt()] = None,
-    loss_norm: Annotated[str | None, Opt(help="token, sequence or constant")] = None,
-    inner_iters: Annotated[int | None, Opt(help="μ, GRPO iterations per batch")] = None,
-    context_position: Annotated[str | None, Opt(
-        help="where C enters: before_generation_prompt (default), after_prompt "
-             "(after the chat template's assistant header) or before_prompt")] = None,
-    no_context_every: Annotated[int | None, Opt(help="every N steps also log the reward "
-                                                     "without C (Figure 5); 0 = never")] = None,
-    device: Annotated[str | None, Opt()] = None,
-    dtype: Annotated[str | None, Opt(help="auto (bf16 where the device computes it natively, "
-                                          "else float32), float32, bfloat16, float16")] = None,
-    cache_dir: Annotated[Path | None, Opt(help="stores root (env MUSKETEERS_CACHE_DIR)")] = None,
-    run_dir: Annotated[Path | None, Opt(help="run folder (default runs/<name>)")] = None,
-    config: Annotated[Path | None, Opt("--config", help="YAML of options")] = None,
-    resume: Annotated[bool, Opt(help="continue the run in --run-dir from its newest intact "
-                                     "checkpoint (from step 0 if it has none yet)")] = False,
-) -> None:
+def _option(f: Field) -> inspect.Parameter:
+    meta = f.metadata
+    help_text = meta["help"]
+    if meta.get("choices"):
+        help_text = ", ".join(filter(None, [help_text, *meta["choices"]()]))
+    decls = [meta["cli"]] if isinstance(meta["cli"], str) else []
+    return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                             annotation=Annotated[_cli_type(f), Opt(*decls, help=help_text)])
+
+
+def _train(config: Path | None = None, resume: bool = False, **options: Any) -> None:
     """Train the policy and adapter with GRPO on cached expert vectors."""
     from musketeers.cli.interrupt import on_interrupt
     from musketeers.config import apply_overrides, read_run_config, resolve_config, validate
     from musketeers.runfolder import resume_command
     from musketeers.trainer import train as run_training
 
-    overrides = {k: v for k, v in locals().items()
-                 if k not in ("config", "resume", "run_training", "resolve_config",
-                              "read_run_config", "apply_overrides", "validate", "on_interrupt",
-                              "resume_command")
-                 and v is not None}
-    for key in ("cache_dir", "run_dir", "team_file"):
-        if key in overrides:
-            overrides[key] = str(overrides[key])
+    overrides = {k: str(v) if isinstance(v, Path) else v for k, v in options.items()
+                 if v is not None}
+    run_dir = options.get("run_dir")
     stop_after = None
     if resume:
         if run_dir is None:
@@ -115,6 +90,29 @@ def train(
     typer.echo(json.dumps(summary, indent=2))
 
 
+def train_command() -> Any:
+    """``_train`` with one option per CLI field of TrainConfig (declared in musketeers.config)
+    plus ``--config`` and ``--resume``: Typer reads the options off ``__signature__``.
+
+    Built when the app is, so a method registered before then is listed in ``--method``'s
+    help."""
+    def train(**options: Any) -> None:
+        _train(**options)
+
+    own = [
+        inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=None,
+                          annotation=Annotated[Path | None, Opt("--config",
+                                                                help="YAML of options")]),
+        inspect.Parameter("resume", inspect.Parameter.KEYWORD_ONLY, default=False,
+                          annotation=Annotated[bool, Opt(
+                              help="continue the run in --run-dir from its newest intact "
+                                   "checkpoint (from step 0 if it has none yet)")]),
+    ]
+    train.__signature__ = inspect.Signature([*map(_option, cli_fields()), *own])  # type: ignore[attr-defined]
+    train.__doc__ = _train.__doc__
+    return train
+
+
 def evaluate(
     run_dir: Annotated[Path, typer.Argument(help="folder written by musketeers train")],
     limit: Annotated[int | None, Opt(help="val items to score (> 0)")] = None,
@@ -129,5 +127,5 @@ def evaluate(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("train")(train)
+    app.command("train")(train_command())
     app.command("eval")(evaluate)

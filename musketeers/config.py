@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import types
 import typing
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,27 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 CONTEXT_POSITIONS = ("before_generation_prompt", "after_prompt", "before_prompt")
 
 
+def opt(default: Any = MISSING, *, help: str, cli: bool | str = False, path: bool = False,
+        factory: Callable[[], Any] | None = None, choices: Callable[[], Any] | None = None
+        ) -> Any:
+    """A TrainConfig field that carries its own help text, so the YAML keys, the grids' keys
+    and the ``musketeers train`` options come from this one declaration.
+
+    ``cli``: True exposes the field as ``--the-name``; a string is the option's declaration
+    (a ``--x/--no-x`` pair). ``path``: the option takes a path. ``choices``: called when the
+    CLI is built, its names end the help (registries that fill up at import time)."""
+    meta = {"help": help, "cli": cli, "path": path, "choices": choices}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _method_names() -> tuple[str, ...]:
+    from musketeers.methods import names
+
+    return names()
+
+
 @dataclass
 class TrainConfig:
     """One training run. The optimisation defaults are the paper's hyper-parameters
@@ -33,68 +55,81 @@ class TrainConfig:
     a CPU, and ``--budget paper --roster paper --policy paper`` restores the paper's."""
 
     # what to train on
-    task: str = "logic"
-    team: str | None = "default"
-    roster: str = "pocket"
-    experts: list[str] | None = None
-    team_file: str | None = None
-    method: str = "perceiver"
-    pooling: str = "last"
-    latents: int = 8
-    d_model: int = 512
-    heads: int = 8
+    task: str = opt("logic", cli=True, help="arithmetic, algorithmic, logic, gsm8k, ...")
+    team: str | None = opt("default", cli=True,
+                           help="named team (default, generalist, naive, llm)")
+    roster: str = opt("pocket", cli=True, help="pocket, paper or tiny")
+    experts: list[str] | None = opt(None, cli=True, help="comma-separated expert names")
+    team_file: str | None = opt(None, cli=True, path=True, help="YAML team file")
+    method: str = opt("perceiver", cli=True, choices=_method_names, help="")
+    pooling: str = opt("last", cli=True, help="last, first_token, random_token, first_layer, "
+                                              "random_layer, mean, layer:K")
+    latents: int = opt(8, cli=True, help="m, the number of context tokens")
+    d_model: int = opt(512, help="the adapter's width")
+    heads: int = opt(8, help="the adapter's attention heads")
     # a registry name, a local folder, a hub id, or ``package.module:function`` naming a
     # factory ``(TrainConfig) -> Policy`` (a plug-in policy: the planted check's tiny model)
-    policy: str = "qwen2.5-coder-0.5b-instruct"
-    budget: str = "pocket"
-    seed: int = 0
-    cache_dir: str = field(default_factory=lambda: os.environ.get("MUSKETEERS_CACHE_DIR", "stores"))
-    run_dir: str | None = None
+    policy: str = opt("qwen2.5-coder-0.5b-instruct", cli=True,
+                      help="qwen2.5-coder-0.5b-instruct, smollm2, ...")
+    budget: str = opt("pocket", cli=True, help="smoke, pocket or paper")
+    seed: int = opt(0, cli=True, help="seed of the run")
+    cache_dir: str = opt(cli=True, path=True, help="stores root (env MUSKETEERS_CACHE_DIR)",
+                         factory=lambda: os.environ.get("MUSKETEERS_CACHE_DIR", "stores"))
+    run_dir: str | None = opt(None, cli=True, path=True, help="run folder (default runs/<name>)")
     # the optimisation (Eq. 4 and the RLOO+ options)
-    steps: int = 500
-    prompts_per_micro: int = 4
-    grad_accum: int = 8
-    group_size: int = 8
-    max_new_tokens: int = 128
-    temperature: float = 1.0
-    beta: float = 0.04
-    lr: float = 1e-4
-    adapter_lr: float = 1e-4
-    weight_decay: float = 0.01
-    adam_eps: float = 1e-6  # the paper's Listing 1 ("epsilon: 1e-6"), not torch's 1e-8
-    grad_clip: float = 1.0
-    scheduler: str = "constant"
-    warmup_steps: int = 0
-    advantage: str = "group"
-    reward_norm: str = "group"
-    dynamic_sampling: bool = False
+    steps: int = opt(500, cli=True, help="steps of the run; with --resume, stop this "
+                                         "invocation after step N (the run keeps its own)")
+    prompts_per_micro: int = opt(4, help="prompts per micro-batch")
+    grad_accum: int = opt(8, help="micro-batches per update")
+    group_size: int = opt(8, cli=True, help="G, completions per prompt")
+    max_new_tokens: int = opt(128, cli=True, help="completion length limit")
+    temperature: float = opt(1.0, help="sampling temperature")
+    beta: float = opt(0.04, cli=True, help="KL coefficient")
+    lr: float = opt(1e-4, cli=True, help="LoRA learning rate")
+    adapter_lr: float = opt(1e-4, cli=True, help="adapter learning rate")
+    weight_decay: float = opt(0.01, help="AdamW weight decay")
+    # the paper's Listing 1 ("epsilon: 1e-6"), not torch's 1e-8
+    adam_eps: float = opt(1e-6, help="AdamW epsilon")
+    grad_clip: float = opt(1.0, help="gradient norm clip")
+    scheduler: str = opt("constant", help="constant, linear or cosine")
+    warmup_steps: int = opt(0, help="LR warm-up steps")
+    advantage: str = opt("group", cli=True, help="group or loo")
+    reward_norm: str = opt("group", cli=True, help="group, task or none")
+    dynamic_sampling: bool = opt(False, cli="--dynamic-sampling/--no-dynamic-sampling",
+                                 help="drop zero-variance groups")
     # skip an update in which no group has a non-zero advantage: its only gradient is the KL
     # term's, which AdamW would turn into lr-sized drift of φ and θ with no reward at all
-    skip_no_signal: bool = True
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    loss_norm: str = "token"
-    inner_iters: int = 1
+    skip_no_signal: bool = opt(True, help="skip updates in which no group has signal")
+    clip_low: float = opt(0.2, cli=True, help="lower ratio clip ε_low")
+    clip_high: float = opt(0.2, cli=True, help="upper ratio clip ε_high")
+    loss_norm: str = opt("token", cli=True, help="token, sequence or constant")
+    inner_iters: int = opt(1, cli=True, help="μ, GRPO iterations per batch")
     # C between the user turn and the chat template's generation prompt: m zero vectors right
     # after "<|im_start|>assistant\n" (after_prompt) move a chat policy's first token by 4-11
     # nats, so "C ≈ 0 at init" would not leave π where it was (see musketeers.policy)
-    context_position: str = "before_generation_prompt"
-    # how the graded answer is found: strict (the last <answer>…</answer>, the paper's) or
-    # lenient (musketeers.tasks.scoring.EXTRACTIONS); a different reward, named in reports
-    extraction: str = "strict"
-    lora_r: int = 8
+    context_position: str = opt(
+        "before_generation_prompt", cli=True,
+        help="where C enters: before_generation_prompt (default), after_prompt "
+             "(after the chat template's assistant header) or before_prompt")
+    # a different reward, named in reports (musketeers.tasks.scoring.EXTRACTIONS)
+    extraction: str = opt("strict", help="how the graded answer is found: strict (the last "
+                                         "<answer>…</answer>, the paper's) or lenient")
+    lora_r: int = opt(8, help="LoRA rank")
     # bookkeeping
-    save_every: int = 50
-    # every N steps also sample the step's prompts without C, π_θ(y|x), and log
-    # ``reward_no_context`` (Figure 5); 0 = never
-    no_context_every: int = 0
-    eval_limit: int | None = 200
-    device: str = "cpu"
-    # torch intra-op threads while the run trains (None: torch's default). Tiny models gain
-    # nothing from threads and on a shared CPU the thread handoffs make them several times slower
-    threads: int | None = None
-    dtype: str = "auto"
-    live_experts: bool = False
+    save_every: int = opt(50, help="checkpoint every N steps")
+    no_context_every: int = opt(0, cli=True, help="every N steps also log the reward "
+                                                  "without C (Figure 5); 0 = never")
+    eval_limit: int | None = opt(200, help="val items the end-of-run evaluation scores")
+    device: str = opt("cpu", cli=True, help="cpu, cuda or cuda:N")
+    # tiny models gain nothing from threads and on a shared CPU the thread handoffs make them
+    # several times slower
+    threads: int | None = opt(None, help="torch intra-op threads while the run trains "
+                                         "(None: torch's default)")
+    dtype: str = opt("auto", cli=True, help="auto (bf16 where the device computes it "
+                                            "natively, else float32), float32, bfloat16, "
+                                            "float16")
+    live_experts: bool = opt(False, help="run the experts live, not from the store (the "
+                                         "benchmarks only)")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -323,6 +358,11 @@ def read_run_config(run_dir: Path) -> TrainConfig:
     return TrainConfig(**values)
 
 
-__all__ = ["TrainConfig", "BUDGETS", "resolve_config", "apply_overrides", "validate",
+def cli_fields() -> tuple[Any, ...]:
+    """The TrainConfig fields ``musketeers train`` takes as options (the rest are YAML-only)."""
+    return tuple(f for f in fields(TrainConfig) if f.metadata.get("cli"))
+
+
+__all__ = ["TrainConfig", "cli_fields", "BUDGETS", "resolve_config", "apply_overrides", "validate",
            "save_config",
            "read_run_config", "load_yaml"]

@@ -23,7 +23,8 @@ The controls are the evidence behind every claim (issue "Evidence on a CPU"):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +78,21 @@ def register(method: Method) -> Method:
         raise ValueError(f"method {method.name!r} reads unknown store parts {sorted(bad)}")
     REGISTRY[method.name] = method
     return method
+
+
+def unregister(name: str) -> Method:
+    """Remove ``name`` from the registry (a throwaway method in a test, a plug-in unloaded)."""
+    return REGISTRY.pop(name)
+
+
+@contextmanager
+def registered(method: Method) -> Iterator[Method]:
+    """``method`` in the registry for the block's duration only, so tests don't leak it."""
+    register(method)
+    try:
+        yield method
+    finally:
+        unregister(method.name)
 
 
 def get(name: str) -> Method:

@@ -46,6 +46,7 @@ from peft import LoraConfig, get_peft_model
 from torch import Tensor
 
 from musketeers.cache.backbone import pad
+from musketeers.cache.prompts import generation_prompt_len, render_prompt
 from musketeers.config import CONTEXT_POSITIONS
 from musketeers.sampling import decode
 
@@ -57,18 +58,6 @@ class PolicyInputs(NamedTuple):
     prefix_len: int  # P: completions start at this column
     completion_ids: Tensor  # [N, T] (pad where mask is 0)
     completion_mask: Tensor  # [N, T]
-
-
-def generation_prompt_len(tokenizer: Any) -> int:
-    """Tokens the chat template appends for ``add_generation_prompt`` (0 without a template)."""
-    if not getattr(tokenizer, "chat_template", None):
-        return 0
-    messages = [{"role": "user", "content": "1"}]
-    ids = [tokenizer(tokenizer.apply_chat_template(messages, tokenize=False,
-                                                   add_generation_prompt=gen),
-                     add_special_tokens=False)["input_ids"] for gen in (False, True)]
-    without, with_gen = ids
-    return len(with_gen) - len(without) if with_gen[: len(without)] == without else 0
 
 
 def _target_modules(model: torch.nn.Module, wanted: tuple[str, ...]) -> list[str] | None:
@@ -140,28 +129,9 @@ class Policy:
     # ---- prompts -------------------------------------------------------------------------
 
     def encode_prompts(self, items_or_texts: list[Any]) -> list[list[int]]:
-        """Token ids of each prompt: (system, user) through the chat template with the
-        generation prompt when the tokenizer has one, else the plain text (system, blank
-        line, question) with the tokenizer's own special tokens (e.g. Gemma's <bos>)."""
-        tok = self.tokenizer
-        out = []
-        for it in items_or_texts:
-            if isinstance(it, str):
-                system, question = None, it
-            elif isinstance(it, dict):
-                system, question = it.get("system"), it["question"]
-            else:
-                system, question = getattr(it, "system", None), it.question
-            if getattr(tok, "chat_template", None):
-                messages = [{"role": "system", "content": system}] if system else []
-                messages.append({"role": "user", "content": question})
-                text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-                # the template already holds the special tokens: don't add them twice
-                out.append(tok(text, add_special_tokens=False)["input_ids"])
-            else:
-                text = f"{system}\n\n{question}" if system else question
-                out.append(tok(text)["input_ids"])
-        return out
+        """Token ids of each prompt (an Item, a ``{system, question}`` mapping or a bare
+        question), rendered exactly as the experts saw it (``musketeers.cache.prompts``)."""
+        return [render_prompt(self.tokenizer, it) for it in items_or_texts]
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

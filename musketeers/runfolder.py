@@ -27,6 +27,7 @@ from typing import Any
 import zarr
 
 from musketeers import checkpoint as ckpt
+from musketeers import methods
 from musketeers.build import expert_names_for
 from musketeers.cache.errors import UserError
 from musketeers.cache.store import ROUTER_ENCODER, Lock, lock_path, store_path
@@ -87,7 +88,7 @@ def store_fingerprints(cfg: TrainConfig, experts: list[str]) -> dict[str, Any]:
     path = store_path(cfg.cache_dir, cfg.task)
     found: dict[str, Any] = {"cache_dir": str(cfg.cache_dir), "items": None,
                              "experts": dict.fromkeys(experts)}
-    if cfg.method == "hard_routing":
+    if "router" in methods.get(cfg.method).reads:  # the registry says, not a method's name
         found["router"] = None
     try:
         split = zarr.open_group(path, mode="r")[SPLIT]

@@ -12,14 +12,15 @@ from conftest import make_items, tiny_specs
 from musketeers.cache import reader
 from musketeers.cache.experts import ExpertSpec, load_expert
 from musketeers.cache.pooling import pool_hidden_states
-from musketeers.cache.precompute import PrecomputeConfig, precompute_task, prompt_ids
+from musketeers.cache.precompute import PrecomputeConfig, precompute_task
+from musketeers.cache.prompts import render_prompt
 
 TASK = "toy"
 
 
 def live_poolings(model, tokenizer, item, rand_pos: int, k_rand: int) -> dict:
     """Every reader pooling from ``model(..., output_hidden_states=True)`` on one prompt."""
-    ids = torch.tensor([prompt_ids(tokenizer, item)])
+    ids = torch.tensor([render_prompt(tokenizer, item)])
     with torch.no_grad():
         hs = [h[0].float() for h in model(ids, output_hidden_states=True).hidden_states]
     return {

@@ -82,12 +82,13 @@ def bench_expert(spec, items: list[Item], device: str, dtype: torch.dtype, reps:
 
     from musketeers.cache.backbone import Backbone
     from musketeers.cache.experts import load_expert
-    from musketeers.cache.precompute import PrecomputeConfig, compute_rows, prompt_ids
+    from musketeers.cache.precompute import PrecomputeConfig, compute_rows
+    from musketeers.cache.prompts import render_prompt
 
     model, tok = load_expert(spec, device, dtype)
     cfg = PrecomputeConfig(device=device, dtype=dtype)
     rows = np.arange(len(items))
-    seqs = [prompt_ids(tok, it) for it in items]
+    seqs = [render_prompt(tok, it) for it in items]
     tokens = sum(len(s) for s in seqs)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 

@@ -7,6 +7,7 @@ seeds). Rows the paper does not report show "n/r" in its column, control rows "n
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +51,7 @@ class Row:
         return methods.get(self.key["method"]).control_of is not None
 
 
-TABLE1: tuple[Row, ...] = (
+PAPER_ROWS: tuple[Row, ...] = (
     Row({"method": "single"}, {
         "algorithmic": (51.56, 0.55), "arithmetic": (52.34, 1.78),
         "logic": (96.88, 1.10), "gsm8k": (64.32, 0.92)}),
@@ -71,10 +72,34 @@ TABLE1: tuple[Row, ...] = (
         "logic": (90.23, 5.01), "gsm8k": (41.02, 29.01)}, " Generalist Team (n=5)"),
     Row({"method": OURS, "team": "naive"}, None, " Naive Team (n=4)"),
     Row({"method": OURS, "team": "llm"}, None, " LLM Team (n=3)"),
-    # the controls: Ours' default team with one signal broken (not in the paper)
-    *(Row({"method": m.name, "team": "default"}, None) for m in methods.REGISTRY.values()
-      if m.control_of == OURS),
 )
+
+
+def _controls() -> tuple[Row, ...]:
+    """Ours' default team with one signal broken (not in the paper), from the registry."""
+    return tuple(Row({"method": m.name, "team": "default"}, None)
+                 for m in methods.REGISTRY.values() if m.control_of == OURS)
+
+
+def table1_rows(runs: Sequence[Run] = ()) -> tuple[Row, ...]:
+    """The paper's rows, then a row per team of each registered method the paper lacks (read
+    from the registry when the table is drawn, so a method registered later has its row),
+    then the controls."""
+    paper = {row.key["method"] for row in PAPER_ROWS}
+    extra = []
+    for m in methods.REGISTRY.values():
+        if m.name in paper or m.control_of is not None:
+            continue
+        teams = sorted({r.key.get("team") or "" for r in runs
+                        if r.key.get("method") == m.name}) or ["default"]
+        for team in teams if m.uses_experts else [""]:
+            key = {"method": m.name, "team": team or None} if m.uses_experts else {
+                "method": m.name}
+            extra.append(Row(key, None, f" ({team} team)" if team else ""))
+    return (*PAPER_ROWS, *extra, *_controls())
+
+
+TABLE1: tuple[Row, ...] = table1_rows()
 
 # Table 2: pooling on Arithmetic with the default team. Labels name Eq. 5's h^{(layer)}_{i,token}.
 TABLE2: tuple[tuple[str, str, tuple[float, float]], ...] = (
@@ -93,10 +118,16 @@ def paper_text(value: tuple[float, float] | None, control: bool = False) -> str:
     return f"{value[0]:.2f} ± {value[1]:.2f}"
 
 
-def table1_cells(runs: list[Run], latents: int = DEFAULT_LATENTS, metric: str = "exact"
-                 ) -> list[tuple[Row, dict[str, Cell]]]:
+def table1_cells(runs: list[Run], latents: int = DEFAULT_LATENTS, metric: str = "exact",
+                 tasks: tuple[str, ...] = TASKS) -> list[tuple[Row, dict[str, Cell]]]:
     return [(row, {t: cell(runs, metric, task=t, pooling=DEFAULT_POOLING, latents=latents,
-                           **row.key) for t in TASKS}) for row in TABLE1]
+                           **row.key) for t in tasks}) for row in table1_rows(runs)]
+
+
+def table1_tasks(runs: list[Run]) -> tuple[str, ...]:
+    """The paper's tasks, then any other task the runs trained on (e.g. planted)."""
+    others = sorted({str(r.config.get("task")) for r in runs} - set(TASKS) - {"None"})
+    return (*TASKS, *others)
 
 
 def table2_cells(runs: list[Run], latents: int = DEFAULT_LATENTS, metric: str = "exact"
@@ -113,14 +144,16 @@ def _legend(metric: str) -> str:
 def table1_markdown(runs: list[Run], latents: int = DEFAULT_LATENTS,
                     metric: str = "exact") -> str:
     """Table 1: ``metric`` per method and task, then the controls; ours | paper."""
+    tasks = table1_tasks(runs)
     header = ["Method"]
-    for t in TASKS:
-        header += [f"{TASK_TITLES[t]} (ours)", f"{TASK_TITLES[t]} (paper)"]
+    for t in tasks:
+        title = TASK_TITLES.get(t, t)
+        header += [f"{title} (ours)", f"{title} (paper)"]
     lines = [_row(header), _row(["---"] + ["---:"] * (len(header) - 1))]
-    for row, cells in table1_cells(runs, latents, metric):
+    for row, cells in table1_cells(runs, latents, metric, tasks):
         out = [row.label]
-        for t in TASKS:
-            out += [cells[t].text(), paper_text(row.paper[t] if row.paper else None,
+        for t in tasks:
+            out += [cells[t].text(), paper_text(row.paper.get(t) if row.paper else None,
                                                 row.control)]
         lines.append(_row(out))
     return (

@@ -1,0 +1,100 @@
+"""Adding a method is one registry entry: a throwaway ``mean_pool`` adapter trains, evaluates
+and gets its row in a grid report without any other module knowing its name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from torch import nn
+
+from musketeers import methods
+from musketeers.adapter import AdapterOutput, ExpertAlignment, OutputProjection
+from musketeers.evaluate import evaluate
+from musketeers.planted import planted_config, write_planted_store
+from musketeers.reports.grid import load_grid, run_grid
+from musketeers.reports.report import write_report
+from musketeers.trainer import train
+
+
+class MeanPool(nn.Module):
+    """Mean of the aligned experts → one context token; no attention matrix."""
+
+    def __init__(self, dims: list[int], d_policy: int, d: int, out_init_std: float):
+        super().__init__()
+        self.align = ExpertAlignment(dims, d)
+        self.out = OutputProjection(d, d_policy, out_init_std)
+        self.n_context = 1
+
+    def forward(self, vectors: list[torch.Tensor], router_emb: torch.Tensor | None = None
+                ) -> AdapterOutput:
+        return AdapterOutput(context=self.out(self.align(vectors).mean(1, keepdim=True)),
+                             attention=None)
+
+
+def _mean_pool(dims: list[int], d_policy: int, o: dict[str, Any]) -> nn.Module:
+    return MeanPool(dims, d_policy, o["d_model"], o["out_init_std"])
+
+
+MEAN_POOL = methods.Method("mean_pool", "Mean pool (test)", _mean_pool,
+                           frozenset({"vectors"}), ignores=("latents", "heads"),
+                           summary="the aligned experts averaged into one token")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_registered_is_scoped():
+    with methods.registered(MEAN_POOL):
+        assert methods.get("mean_pool") is MEAN_POOL
+        with pytest.raises(ValueError, match="already registered"):
+            methods.register(MEAN_POOL)
+    assert "mean_pool" not in methods.names()
+
+
+def test_a_new_method_trains_evaluates_and_reports(tmp_path: Path):
+    stores, runs = tmp_path / "stores", tmp_path / "runs"
+    write_planted_store(stores, n_train=32, n_val=8)
+    base = planted_config("perceiver", 0, 2, stores, runs / "x", prompts_per_micro=4,
+                          group_size=2, eval_limit=8).to_dict()
+    grid_path = tmp_path / "grid.yaml"
+    grid_path.write_text(yaml.safe_dump({
+        "budget": "smoke", "seeds": [0], "eval_limit": 8,
+        "defaults": {k: v for k, v in base.items() if k not in ("run_dir", "method", "team")},
+        "runs": [{"method": "mean_pool"}]}))
+
+    with methods.registered(MEAN_POOL):
+        grid = load_grid(grid_path)
+        (run,) = grid.runs
+
+        def train_fn(cfg):
+            summary = train(cfg, plot=False)
+            assert summary["steps"] == 2
+            return cfg.run_path()
+
+        def eval_fn(run_dir: Path, limit: int | None, context: bool) -> dict:
+            out = evaluate(run_dir, limit=limit, no_context=not context)
+            assert out["context"] and out["method"] == "mean_pool" and out["n"] == 8
+            return out
+
+        result = run_grid(grid, runs, train_fn=train_fn, eval_fn=eval_fn)
+        assert not result.failed, result.failed
+        assert result.trained == result.evaluated == [run.name]
+        report = write_report(grid, runs, tmp_path / "reports")
+        table1 = (report.parent / "table1.md").read_text()
+
+    assert "mean_pool" not in methods.names()  # nothing leaks into other tests
+    # table1.md holds the exact table, then the score table: one row each
+    line, _ = [x for x in table1.splitlines() if x.startswith("| Mean pool (test)")]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert "Planted (ours)" not in table1 and "planted (ours)" in table1
+    assert cells[-2] not in ("—", "FAILED") and cells[-2][0].isdigit(), line
+    assert "mean_pool" in report.read_text()
