@@ -17,10 +17,13 @@ demo_app = typer.Typer(help="Self-contained demonstrations.", no_args_is_help=Tr
 def planted(
     seeds: Annotated[str, typer.Option(help="comma-separated seeds")] = "0,1,2",
     steps: Annotated[int | None, typer.Option(
-        help="GRPO steps per run (default 50, musketeers.planted.STEPS, which the check's "
-        "margins are sized for)")] = None,
+        help="GRPO steps per run (default: the variant's, musketeers.planted.MARGINS, "
+        "which the check's margins are sized for)")] = None,
     workdir: Annotated[Path | None, typer.Option(
         help="where the synthetic store and runs go (default: a temporary folder)")] = None,
+    variant: Annotated[str, typer.Option(
+        help="plain: one-token answers, β = 0, no chat template; chat: a chat template, "
+        "multi-token answers and β > 0 (musketeers.planted_chat)")] = "plain",
 ) -> None:
     """Train a tiny policy on a store where only one expert knows the answer.
 
@@ -28,9 +31,11 @@ def planted(
     expert's utilisation rises and ρ(reward, H) turns negative, each by more than in its
     shuffled_reward control on the same seed; without C (single) it stays at chance.
     """
-    from musketeers.planted import STEPS, check_rows, print_table, run_planted
+    from musketeers.planted import MARGINS, VARIANTS, check_rows, print_table, run_planted
 
-    steps = STEPS if steps is None else steps
+    if variant not in VARIANTS:
+        raise UserError(f"--variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+    steps = MARGINS[variant].steps if steps is None else steps
 
     try:
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
@@ -39,14 +44,14 @@ def planted(
     if not seed_list or steps < 2:
         raise UserError("--seeds needs at least one seed and --steps at least 2")
     with tempfile.TemporaryDirectory(prefix="planted-") as tmp:
-        rows = run_planted(seed_list, steps, workdir or Path(tmp))
+        rows = run_planted(seed_list, steps, workdir or Path(tmp), variant=variant)
     print_table(rows)
     failed = check_rows(rows)
     for line in failed:
         typer.echo(f"FAILED: {line}")
     if failed:
         raise typer.Exit(1)
-    typer.echo("planted-expert check passed on every seed")
+    typer.echo(f"planted-expert check ({variant}) passed on every seed")
 
 
 def register(app: typer.Typer) -> None:

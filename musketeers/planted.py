@@ -18,6 +18,7 @@ so a falling entropy is no evidence that reward shaped the routing.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,10 @@ import numpy as np
 import torch
 
 from musketeers.cache import store as st
+from musketeers.cache.errors import UserError
 from musketeers.cache.items import items_fingerprint
 from musketeers.config import TrainConfig, resolve_config
+from musketeers.planted_chat import CHAT_STEPS, chat_overrides
 
 # No name below is known to the trainer: the team is a team file written beside the store and
 # the policy a ``module:function`` factory, the paths any user's own team and model take.
@@ -118,30 +121,38 @@ def planted_tokenizer():
                                    eos_token="[EOS]")
 
 
-def planted_policy(cfg: TrainConfig):
-    """A tiny random llama (seeded by ``cfg.seed``) wrapped in the project's Policy."""
+def tiny_llama(cfg: TrainConfig, tokenizer: Any):
+    """A tiny random llama over ``tokenizer``'s vocabulary, seeded by ``cfg.seed``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from musketeers.policy import Policy
-
-    tokenizer = planted_tokenizer()
     torch.manual_seed(cfg.seed)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-                         max_position_embeddings=256, pad_token_id=0, bos_token_id=None,
-                         eos_token_id=2, tie_word_embeddings=False,
+                         max_position_embeddings=256, pad_token_id=tokenizer.pad_token_id,
+                         bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+                         tie_word_embeddings=False,
                          # a frozen head initialised at 0.02 caps logit gaps near 1, and LoRA
                          # (q, v only) cannot widen them: the policy could never be confident
                          initializer_range=0.2)
     model = LlamaForCausalLM(config).to(cfg.device)
-    model.generation_config.eos_token_id = 2
-    model.generation_config.pad_token_id = 0
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def planted_policy(cfg: TrainConfig):
+    """A tiny random llama (seeded by ``cfg.seed``) wrapped in the project's Policy."""
+    from musketeers.policy import Policy
+
+    tokenizer = planted_tokenizer()
+    model = tiny_llama(cfg, tokenizer)
     return Policy(model, tokenizer, lora_r=cfg.lora_r, context_position=cfg.context_position)
 
 
 def planted_config(method: str, seed: int, steps: int, cache_dir: Path, run_dir: Path,
-                   **overrides: Any) -> TrainConfig:
-    """The planted run's TrainConfig: one new token, small batches, a fast adapter lr."""
+                   variant: str = "plain", **overrides: Any) -> TrainConfig:
+    """The planted run's TrainConfig: one new token, small batches, a fast adapter lr; the
+    ``chat`` variant's policy, answer length and β from musketeers.planted_chat."""
     values = dict(task="planted", team=None, team_file=str(Path(cache_dir) / TEAM_FILE),
                   method=method, pooling="last", policy=POLICY,
                   budget="smoke", seed=seed, cache_dir=str(cache_dir), run_dir=str(run_dir),
@@ -149,16 +160,27 @@ def planted_config(method: str, seed: int, steps: int, cache_dir: Path, run_dir:
                   max_new_tokens=1, beta=0.0, lr=1e-2, adapter_lr=1e-2, weight_decay=0.0,
                   latents=4, d_model=64, heads=4, save_every=steps, eval_limit=128,
                   dtype="float32", device="cpu")
+    values.update(variant_overrides(variant))
     values.update(overrides)
     return resolve_config(None, values)
 
 
+def variant_overrides(variant: str) -> dict[str, Any]:
+    if variant not in VARIANTS:
+        raise UserError(f"unknown planted variant {variant!r}; valid: {', '.join(VARIANTS)}")
+    return chat_overrides() if variant == "chat" else {}
+
+
 METHODS = ("perceiver", "shuffled_reward", "single")
+VARIANTS = ("plain", "chat")
 
 
 def run_planted(seeds: list[int], steps: int, workdir: Path,
-                methods: tuple[str, ...] = METHODS) -> list[dict[str, Any]]:
-    """Train every (method, seed) on one planted store; one summary row per run."""
+                methods: tuple[str, ...] = METHODS, variant: str = "plain"
+                ) -> list[dict[str, Any]]:
+    """Train every (method, seed) on one planted store; one summary row per run, tagged with
+    ``variant`` (whose margins ``check_rows`` then applies)."""
+    variant_overrides(variant)  # an unknown variant fails before any store is written
     from musketeers.runlog import read_metrics
     from musketeers.trainer import torch_threads, train
 
@@ -170,9 +192,12 @@ def run_planted(seeds: list[int], steps: int, workdir: Path,
     with torch_threads(1):
         for method in methods:
             for seed in seeds:
-                run_dir = workdir / "runs" / f"planted-{method}-s{seed}"
-                summary = train(planted_config(method, seed, steps, cache_dir, run_dir))
-                rows.append(_row(method, seed, summary, read_metrics(run_dir / "metrics.jsonl")))
+                name = "planted" if variant == "plain" else f"planted-{variant}"
+                run_dir = workdir / "runs" / f"{name}-{method}-s{seed}"
+                summary = train(planted_config(method, seed, steps, cache_dir, run_dir,
+                                               variant=variant))
+                row = _row(method, seed, summary, read_metrics(run_dir / "metrics.jsonl"))
+                rows.append(dict(row, variant=variant))
     return rows
 
 
@@ -193,6 +218,37 @@ MIN_RHO_BELOW_CONTROL = 0.3
 CONTROL = "shuffled_reward"
 
 
+@dataclass(frozen=True)
+class Margins:
+    """What ``check_rows`` demands of one variant's runs, and the steps they are sized for."""
+
+    steps: int
+    min_reward_with_c: float
+    max_reward_single: float
+    min_utilisation_gain: float
+    min_reward_gain_over_control: float
+    min_rho_below_control: float
+
+
+MARGINS = {
+    "plain": Margins(STEPS, MIN_REWARD_WITH_C, MAX_REWARD_SINGLE, MIN_UTILISATION_GAIN,
+                     MIN_REWARD_GAIN_OVER_CONTROL, MIN_RHO_BELOW_CONTROL),
+    # The chat variant (musketeers.planted_chat) is held to the same criteria; they are not
+    # relaxed, and at 50 steps only seed 0 meets them. Measured on a loaded 2-core CPU,
+    # seeds 0/1/2, Ours vs shuffled_reward: reward last 0.555/0.280/0.294 (gain +0.43/+0.19/
+    # +0.20; control -0.03/+0.07/+0.03), oracle gain +0.132/+0.100/+0.153 (control
+    # +0.013/+0.044/+0.056), ρ -0.90/-0.80/-0.81 (control +0.03/-0.60/-0.30). Seed 1 misses
+    # reward, gain over control and ρ margin; seed 2 misses reward by 0.006. Tried, none
+    # better on every seed: 80 steps (seed 1 ρ -0.48 vs control -0.53; seed 2 oracle gain
+    # below control's), lr 5e-3 (seed 1 reward 0.287), lr = adapter_lr = 2e-2 (0.15/0.21),
+    # adapter_lr 3e-2 (seed 1 0.11), G = 16 × 16 prompts (seed 0 0.19, seed 1 ρ -0.51 vs
+    # -0.20). The shuffled control's ρ reaches -0.6 (its digits collapse, then recover), so
+    # a ρ margin of 0.3 needs ρ ≤ -0.9 of Ours there.
+    "chat": Margins(CHAT_STEPS, MIN_REWARD_WITH_C, MAX_REWARD_SINGLE, MIN_UTILISATION_GAIN,
+                    MIN_REWARD_GAIN_OVER_CONTROL, MIN_RHO_BELOW_CONTROL),
+}
+
+
 def _gain(r: dict[str, Any], key: str) -> float:
     return r[f"{key}_last"] - r[f"{key}_first"]
 
@@ -201,38 +257,43 @@ def check_rows(rows: list[dict[str, Any]]) -> list[str]:
     """The failed claims of a planted run table (empty when the check passes).
 
     Ours (``perceiver``) is judged on its own and against the ``shuffled_reward`` run of the
-    same seed; a seed without its control fails, since its gains would then prove nothing."""
+    same seed and variant; a seed without its control fails, since its gains would then
+    prove nothing. Each row is held to its variant's ``MARGINS`` (a row without one is
+    ``plain``)."""
     bad = []
-    controls = {r["seed"]: r for r in rows if r["method"] == CONTROL}
+    controls = {(r.get("variant", "plain"), r["seed"]): r for r in rows
+                if r["method"] == CONTROL}
     for r in rows:
-        tag = f"{r['method']} seed {r['seed']}"
+        variant = r.get("variant", "plain")
+        m = MARGINS[variant]
+        tag = f"{r['method']} seed {r['seed']}" + ("" if variant == "plain" else f" ({variant})")
         if r["method"] == "single":
-            if r["reward_last"] > MAX_REWARD_SINGLE:
+            if r["reward_last"] > m.max_reward_single:
                 bad.append(f"{tag}: reward {r['reward_last']:.3f} above chance without C")
             continue
         if r["method"] != "perceiver":
             continue
-        if r["reward_last"] < MIN_REWARD_WITH_C:
-            bad.append(f"{tag}: reward {r['reward_last']:.3f} < {MIN_REWARD_WITH_C:.2f}")
-        if _gain(r, "oracle") < MIN_UTILISATION_GAIN:
+        if r["reward_last"] < m.min_reward_with_c:
+            bad.append(f"{tag}: reward {r['reward_last']:.3f} < {m.min_reward_with_c:.2f}")
+        if _gain(r, "oracle") < m.min_utilisation_gain:
             bad.append(f"{tag}: oracle utilisation {r['oracle_first']:.3f} → "
                        f"{r['oracle_last']:.3f} did not rise")
         if not (r["rho"] is not None and r["rho"] < 0):
             bad.append(f"{tag}: ρ(reward, H) = {r['rho']} is not negative")
-        c = controls.get(r["seed"])
+        c = controls.get((variant, r["seed"]))
         if c is None:
             bad.append(f"{tag}: no {CONTROL} run on this seed, so no gain is evidence")
             continue
-        if _gain(r, "reward") < _gain(c, "reward") + MIN_REWARD_GAIN_OVER_CONTROL:
+        if _gain(r, "reward") < _gain(c, "reward") + m.min_reward_gain_over_control:
             bad.append(f"{tag}: reward gain {_gain(r, 'reward'):+.3f} is not "
-                       f"{MIN_REWARD_GAIN_OVER_CONTROL} above its control's "
+                       f"{m.min_reward_gain_over_control} above its control's "
                        f"{_gain(c, 'reward'):+.3f}")
         if _gain(r, "oracle") <= _gain(c, "oracle"):
             bad.append(f"{tag}: oracle utilisation gain {_gain(r, 'oracle'):+.3f} does not "
                        f"exceed its control's {_gain(c, 'oracle'):+.3f}")
         if c["rho"] is not None and r["rho"] is not None and \
-                r["rho"] > c["rho"] - MIN_RHO_BELOW_CONTROL:
-            bad.append(f"{tag}: ρ {r['rho']:+.3f} is not {MIN_RHO_BELOW_CONTROL} below its "
+                r["rho"] > c["rho"] - m.min_rho_below_control:
+            bad.append(f"{tag}: ρ {r['rho']:+.3f} is not {m.min_rho_below_control} below its "
                        f"control's {c['rho']:+.3f}")
     return bad
 
@@ -263,7 +324,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
     from musketeers.cache.progress import console as rich_console
 
-    table = Table(title=f"planted-expert check (chance = {CHANCE:.2f})")
+    variants = sorted({r.get("variant", "plain") for r in rows})
+    table = Table(title=f"planted-expert check, {'/'.join(variants)} (chance = {CHANCE:.2f})")
     cols = ("method", "seed", "reward_first", "reward_last", "oracle_first", "oracle_last",
             "entropy_first", "entropy_last", "rho")
     for c in cols:
