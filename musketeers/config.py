@@ -79,11 +79,11 @@ class TrainConfig:
     # the optimisation (Eq. 4 and the RLOO+ options)
     steps: int = opt(500, cli=True, help="steps of the run; with --resume, stop this "
                                          "invocation after step N (the run keeps its own)")
-    prompts_per_micro: int = opt(4, help="prompts per micro-batch")
-    grad_accum: int = opt(8, help="micro-batches per update")
+    prompts_per_micro: int = opt(4, cli=True, help="prompts per micro-batch")
+    grad_accum: int = opt(8, cli=True, help="micro-batches per update")
     group_size: int = opt(8, cli=True, help="G, completions per prompt")
     max_new_tokens: int = opt(128, cli=True, help="completion length limit")
-    temperature: float = opt(1.0, help="sampling temperature")
+    temperature: float = opt(1.0, cli=True, help="sampling temperature")
     beta: float = opt(0.04, cli=True, help="KL coefficient")
     lr: float = opt(1e-4, cli=True, help="LoRA learning rate")
     adapter_lr: float = opt(1e-4, cli=True, help="adapter learning rate")
@@ -99,7 +99,8 @@ class TrainConfig:
                                  help="drop zero-variance groups")
     # skip an update in which no group has a non-zero advantage: its only gradient is the KL
     # term's, which AdamW would turn into lr-sized drift of φ and θ with no reward at all
-    skip_no_signal: bool = opt(True, help="skip updates in which no group has signal")
+    skip_no_signal: bool = opt(True, cli="--skip-no-signal/--no-skip-no-signal",
+                               help="skip updates in which no group has signal")
     clip_low: float = opt(0.2, cli=True, help="lower ratio clip ε_low")
     clip_high: float = opt(0.2, cli=True, help="upper ratio clip ε_high")
     loss_norm: str = opt("token", cli=True, help="token, sequence or constant")
@@ -112,8 +113,9 @@ class TrainConfig:
         help="where C enters: before_generation_prompt (default), after_prompt "
              "(after the chat template's assistant header) or before_prompt")
     # a different reward, named in reports (musketeers.tasks.scoring.EXTRACTIONS)
-    extraction: str = opt("strict", help="how the graded answer is found: strict (the last "
-                                         "<answer>…</answer>, the paper's) or lenient")
+    extraction: str = opt("strict", cli=True,
+                          help="how the graded answer is found: strict (the last "
+                               "<answer>…</answer>, the paper's) or lenient")
     lora_r: int = opt(8, help="LoRA rank")
     # bookkeeping
     save_every: int = opt(50, help="checkpoint every N steps")
