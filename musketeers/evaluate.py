@@ -40,6 +40,10 @@ def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = Fals
     last = ckpt.latest_checkpoint(run_dir)
     if last is None:
         raise UserError(f"{run_dir} has no checkpoint yet; train it with `musketeers train`")
+    damage = ckpt.verify_checkpoint(last)
+    if damage is not None:  # scoring damaged weights would publish a number nobody trained
+        raise UserError(f"checkpoint {last} is damaged ({damage}); rewrite it from the newest "
+                        f"intact one with: musketeers train --run-dir {run_dir} --resume")
     data, policy, adapter = build_components(cfg, "val", limit=limit or cfg.eval_limit,
                                              policy_factory=policy_factory)
     ckpt.load_weights(last, policy.model, adapter)

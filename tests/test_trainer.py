@@ -300,3 +300,16 @@ def test_sigkill_mid_run_then_resume_equals_uninterrupted(planted_store, tmp_pat
     full = tmp_path / "full"
     train(cfg_for(full))
     assert metrics(killed) == metrics(full)
+
+
+def test_eval_refuses_a_damaged_checkpoint(planted_store, tmp_path):
+    from musketeers.evaluate import evaluate
+
+    run = tmp_path / "run"
+    train(small("perceiver", planted_store, run, steps=2))
+    weights = ckpt.latest_checkpoint(run) / "adapter.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF  # one flipped bit in the tensors: the file still loads
+    weights.write_bytes(bytes(data))
+    with pytest.raises(UserError, match="damaged.*--resume"):
+        evaluate(run, limit=4)
