@@ -129,11 +129,12 @@ def test_resume_refuses_options_that_change_the_run(tmp_path, monkeypatch):
                                           "--method", "perceiver", "--steps", "9"])
     assert result.exit_code == 0, result.output
     (cfg, kw), = calls
-    assert cfg.steps == 300 and kw == {"resume": True, "stop_after": 9}
+    saved_steps = BUDGETS["pocket"]["steps"]  # the run's own length, from its budget
+    assert cfg.steps == saved_steps and kw == {"resume": True, "stop_after": 9}
     assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]
     result = runner.invoke(cli_main.app, ["train", "--resume", "--run-dir", str(run),
-                                          "--steps", "301"])
-    assert "the run has 300 steps and keeps them" in str(result.exception)
+                                          "--steps", str(saved_steps + 1)])
+    assert f"the run has {saved_steps} steps and keeps them" in str(result.exception)
 
 
 def test_cli_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeypatch):
