@@ -16,7 +16,6 @@ checks the manifest first, so a flipped or truncated file is found before anythi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -28,6 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+
+from musketeers.cache.experts import file_sha256
 
 KEEP = 2  # checkpoints kept; older ones are removed after a newer one is in place
 PREFIX = "step-"
@@ -80,14 +81,6 @@ def _write_state(state: dict[str, Any], path: Path) -> None:
     torch.save(state, path)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _files(folder: Path) -> list[Path]:
     return sorted(f for f in folder.rglob("*") if f.is_file() and f.name != MANIFEST
                   and not f.name.startswith(f".{MANIFEST}"))
@@ -95,7 +88,7 @@ def _files(folder: Path) -> list[Path]:
 
 def write_manifest(folder: Path) -> None:
     """sha256 of every file of the checkpoint, written last and atomically."""
-    sums = {f.relative_to(folder).as_posix(): _sha256(f) for f in _files(folder)}
+    sums = {f.relative_to(folder).as_posix(): file_sha256(f) for f in _files(folder)}
     tmp = folder / f".{MANIFEST}.tmp"
     tmp.write_text(json.dumps(sums, indent=1, sort_keys=True))
     with open(tmp, "rb") as fh:
@@ -124,7 +117,7 @@ def verify_checkpoint(folder: Path) -> str | None:
         path = Path(folder) / rel
         if not path.is_file():
             return f"{rel} is missing"
-        if _sha256(path) != digest:
+        if file_sha256(path) != digest:
             return f"{rel} does not match its checksum"
     extra = {f.relative_to(folder).as_posix() for f in _files(Path(folder))} - set(sums)
     if extra & {"state.pt", "adapter.safetensors"}:

@@ -49,3 +49,24 @@ def make_items(n: int, seed: int = 0) -> list:
         items.append(Item(id=f"q{i}", question=f"Q{i}: {words}?", system="Think first.",
                           answer=str(i), entry="{}", source="hand"))
     return items
+
+
+@pytest.fixture(scope="module")
+def planted_store(tmp_path_factory) -> Path:
+    """A small planted-expert store (64 train, 16 val items), one per test module."""
+    from musketeers.planted import write_planted_store
+
+    root = tmp_path_factory.mktemp("planted") / "stores"
+    write_planted_store(root, n_train=64, n_val=16)
+    return root
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread: tiny models gain nothing from threads on a shared 2-core CPU."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

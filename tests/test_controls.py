@@ -14,23 +14,10 @@ from musketeers import methods
 from musketeers.build import build_components
 from musketeers.data import epoch_rows
 from musketeers.grpo import compute_advantages
-from musketeers.planted import planted_config, write_planted_store
+from musketeers.planted import planted_config
 from musketeers.trainer import train
 
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("controls") / "stores"
-    write_planted_store(root, n_train=64, n_val=16)
-    return root
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def cfg(method: str, store: Path, run: Path, steps: int = 3, **kw):
@@ -64,12 +51,12 @@ def _observe(data, policy, adapter):
     return state, lora, out.context, out.attention
 
 
-def test_no_reward_no_movement(store, tmp_path):
+def test_no_reward_no_movement(planted_store, tmp_path):
     """20 updates with every reward 0: φ, θ, C (rms) and A stay exactly where they started.
     The same run with the skip disabled moves them (KL gradient × AdamW, weight decay), so
     the check can fail."""
     still, moved = tmp_path / "still", tmp_path / "moved"
-    c = cfg("perceiver", store, still, steps=20)
+    c = cfg("perceiver", planted_store, still, steps=20)
     data, policy, adapter = build_components(c, "train")
     state0, lora0, ctx0, att0 = _observe(data, policy, adapter)
     train(c, fault=zero_rewards)
@@ -81,27 +68,27 @@ def test_no_reward_no_movement(store, tmp_path):
     first, last = rows(still)[0], rows(still)[-1]
     assert last["entropy"] == pytest.approx(first["entropy"], abs=0.05)  # batches differ
 
-    broken = cfg("perceiver", store, moved, steps=20, skip_no_signal=False)
+    broken = cfg("perceiver", planted_store, moved, steps=20, skip_no_signal=False)
     train(broken, fault=zero_rewards)
     state, _, ctx, _ = weights_after(broken, moved)
     assert not all(torch.equal(state0[k], state[k]) for k in state0)
     assert ctx.pow(2).mean().sqrt() > 10 * ctx0.pow(2).mean().sqrt()
 
 
-def test_shuffled_reward_samples_what_ours_samples(store, tmp_path):
+def test_shuffled_reward_samples_what_ours_samples(planted_store, tmp_path):
     """Same seed: the first update samples and scores the same completions (its rewards are
     the task's); only the advantages differ, so the updates, and later samples, part."""
     ours, ctrl = tmp_path / "ours", tmp_path / "ctrl"
-    train(cfg("perceiver", store, ours, steps=2))
-    train(cfg("shuffled_reward", store, ctrl, steps=2))
+    train(cfg("perceiver", planted_store, ours, steps=2))
+    train(cfg("shuffled_reward", planted_store, ctrl, steps=2))
     a, b = rows(ours), rows(ctrl)
     assert a[0]["reward_mean"] == b[0]["reward_mean"] and a[0]["attention"] == b[0]["attention"]
     assert a[0]["loss"] != b[0]["loss"] or a[1]["attention"] != b[1]["attention"]
 
 
-def test_shuffled_experts_reads_every_row_from_another_row(store, tmp_path):
-    ours = build_components(cfg("perceiver", store, tmp_path / "a"), "train")[0]
-    ctrl = build_components(cfg("shuffled_experts", store, tmp_path / "b"), "train")[0]
+def test_shuffled_experts_reads_every_row_from_another_row(planted_store, tmp_path):
+    ours = build_components(cfg("perceiver", planted_store, tmp_path / "a"), "train")[0]
+    ctrl = build_components(cfg("shuffled_experts", planted_store, tmp_path / "b"), "train")[0]
     for v, w in zip(ours.vectors, ctrl.vectors, strict=True):
         assert not (v == w).all(dim=1).any()  # no row keeps its own vector
     assert [it.id for it in ours.items] == [it.id for it in ctrl.items]
@@ -110,10 +97,10 @@ def test_shuffled_experts_reads_every_row_from_another_row(store, tmp_path):
     assert (perm != torch.arange(len(perm))).all()
 
 
-def test_zero_context_is_single_with_m_zero_positions(store, tmp_path):
+def test_zero_context_is_single_with_m_zero_positions(planted_store, tmp_path):
     """C ≡ 0, nothing in φ trains, and π_θ starts exactly at π_ref (same zero positions)."""
     run = tmp_path / "zero"
-    c = cfg("zero_context", store, run, steps=2)
+    c = cfg("zero_context", planted_store, run, steps=2)
     _, policy, adapter = build_components(c, "train")
     assert adapter is not None and not list(adapter.parameters())
     train(c)

@@ -19,6 +19,8 @@ from musketeers.reports.grid import load_grid, run_grid
 from musketeers.reports.report import write_report
 from musketeers.trainer import train
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 class MeanPool(nn.Module):
     """Mean of the aligned experts → one context token; no attention matrix."""
@@ -42,14 +44,6 @@ def _mean_pool(dims: list[int], d_policy: int, o: dict[str, Any]) -> nn.Module:
 MEAN_POOL = methods.Method("mean_pool", "Mean pool (test)", _mean_pool,
                            frozenset({"vectors"}), ignores=("latents", "heads"),
                            summary="the aligned experts averaged into one token")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_registered_is_scoped():

@@ -20,14 +20,9 @@ from musketeers.config import read_run_config
 from musketeers.planted import planted_config, write_planted_store
 from musketeers.trainer import train
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 TIMING = {"time_s"}
-
-
-@pytest.fixture(scope="module")
-def planted_store(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("planted") / "stores"
-    write_planted_store(root, n_train=64, n_val=16)
-    return root
 
 
 @pytest.fixture(scope="module")
@@ -36,14 +31,6 @@ def full_run(planted_store, tmp_path_factory) -> list[dict]:
     run = tmp_path_factory.mktemp("full") / "run"
     train(small(planted_store, run), plot=False)
     return metrics(run)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def small(store: Path, run: Path, steps: int = 4, **kw):

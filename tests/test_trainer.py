@@ -13,26 +13,13 @@ from musketeers import checkpoint as ckpt
 from musketeers.build import build_components
 from musketeers.cache.errors import UserError
 from musketeers.config import read_run_config
-from musketeers.planted import planted_config, write_planted_store
+from musketeers.planted import planted_config
 from musketeers.tasks import extract_answer
 from musketeers.trainer import NonFiniteError, train
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 TIMING = {"time_s"}
-
-
-@pytest.fixture(scope="module")
-def planted_store(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("planted") / "stores"
-    write_planted_store(root, n_train=64, n_val=16)
-    return root
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def small(method: str, store: Path, run: Path, steps: int = 4, **kw):
