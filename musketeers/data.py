@@ -33,6 +33,14 @@ class SplitData:
     def __len__(self) -> int:
         return len(self.items)
 
+    def constant_experts(self) -> list[str]:
+        """Experts whose pooled vector is the same for every item. A chat expert's first token
+        is its template's first token, and causal attention gives it the same state whatever
+        follows (first_token pooling); such a vector carries the expert's identity, not what it
+        makes of the prompt, and the report says so beside the cell."""
+        return [name for name, v in zip(self.expert_names, self.vectors, strict=True)
+                if len(v) > 1 and bool((v == v[0]).all())]
+
     @property
     def expert_dims(self) -> list[int]:
         return [int(v.shape[1]) for v in self.vectors]

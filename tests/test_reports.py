@@ -599,3 +599,20 @@ def test_names_groups_staleness_and_store_needs_follow_the_registry(tmp_path: Pa
                                         "output_collab", "hard_routing"]}]}))
     (need,) = grid_needs(load_grid(path), lambda team, roster: ["e1"])
     assert list(need.hint_experts) == ["e1"] and need.router
+
+
+def test_table2_says_which_poolings_gave_every_item_the_same_vector(tmp_path: Path):
+    """first_token pooling reads the chat template's first token: a constant per expert. The
+    report must say so beside the cell, since it tests expert identity, not the prompt."""
+    from musketeers.reports.tables import table2_markdown
+
+    first = write_run(tmp_path, "first", 0.2, **dict(KEY, pooling="first_token"))
+    (first / "inputs.json").write_text(json.dumps({"rows": 10, "constant_experts": ["qwen"]}))
+    write_run(tmp_path, "last", 0.3, **KEY)
+    (tmp_path / "last" / "inputs.json").write_text(json.dumps({"rows": 10,
+                                                               "constant_experts": []}))
+    text = table2_markdown(agg.load_runs(tmp_path))
+    note = text.split("Same vector for every item")[1].split("\n")[0]
+    assert "First token" in note and ": qwen" in note and "Last" not in note
+    (first / "inputs.json").unlink()
+    assert "Same vector for every item" not in table2_markdown(agg.load_runs(tmp_path))

@@ -101,3 +101,17 @@ def test_bench_paired_steps_alternate_cached_and_live(tmp_path):
     # 3 live steps × 2 prompts: tokens per prompt is a prompt's length, not a third of it
     prompt_len = r["prompt_len"]
     assert all(0.5 * prompt_len < t < 2 * prompt_len for t in r["expert_tokens_per_prompt"])
+
+
+def test_first_token_pooling_is_one_vector_per_expert_and_flagged():
+    """Every fixture prompt starts with the same template or system tokens, so first_token
+    pooling gives each expert one constant vector; last-token pooling does not."""
+    from musketeers.data import load_split
+
+    def constant(pooling: str) -> list[str]:
+        cfg = resolve_config(None, dict(task="logic", team=None, experts=TINY, method="perceiver",
+                                        budget="smoke", cache_dir=str(FIXTURES), pooling=pooling))
+        return load_split(cfg, "train", TINY).constant_experts()
+
+    assert set(constant("first_token")) == set(TINY)
+    assert constant("last") == []

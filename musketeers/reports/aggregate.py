@@ -57,6 +57,7 @@ class Run:
     summary: dict[str, Any] | None = None
     eval: dict[str, Any] | None = None
     eval_no_context: dict[str, Any] | None = None
+    inputs: dict[str, Any] | None = None  # inputs.json: rows, constant_experts
 
     @property
     def key(self) -> dict[str, Any]:
@@ -195,6 +196,7 @@ def load_run(path: Path) -> Run | None:
         name=path.name, path=path, config=config, status=status, error=error,
         metrics=read_metrics(path / "metrics.jsonl"), summary=summary, eval=ev,
         eval_no_context=_read_json(path / "eval_no_context.json"),
+        inputs=_read_json(path / "inputs.json"),
     )
 
 
@@ -286,6 +288,11 @@ class Cell:
         if not self.values or not self.items:
             return None
         return 100.0 * bernoulli_se(self.mean / 100.0, self.items)
+
+    @property
+    def constant_experts(self) -> list[str]:
+        """Experts whose vector was the same for every item in some run of the cell."""
+        return sorted({e for r in self.runs for e in (r.inputs or {}).get("constant_experts", [])})
 
     @property
     def variants(self) -> list[str]:

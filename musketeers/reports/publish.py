@@ -18,7 +18,8 @@ from pathlib import Path
 from musketeers.reports.grid import Grid, is_finished
 from musketeers.reports.ledger import ledger_path
 
-ARTEFACTS = ("config.yaml", "metrics.jsonl", "summary.json", "fingerprints.json", "error.txt",
+ARTEFACTS = ("config.yaml", "metrics.jsonl", "summary.json", "fingerprints.json", "inputs.json",
+             "error.txt",
              "eval.json", "eval_samples.jsonl", "eval_no_context.json",
              "eval_no_context_samples.jsonl")
 

@@ -177,9 +177,14 @@ def table2_markdown(runs: list[Run], latents: int = DEFAULT_LATENTS,
         _row([f"{metric.capitalize()} (%), ours", *(c.text() for _, c, _ in cells)]),
         _row(["Paper's accuracy (%)", *(paper_text(p) for _, _, p in cells)]),
     ]
+    constant = [f"{label}: {', '.join(c.constant_experts)}" for label, c, _ in cells
+                if c.constant_experts]
+    note = ("\n\nSame vector for every item (a pooling that reads the chat template, not the "
+            "prompt; the cell tests constant expert signatures, not prompt information) — "
+            + "; ".join(constant) + ".") if constant else ""
     return (
         f"**Table 2 ({metric}).** Pooling ablation on Arithmetic (default team, m = "
-        f"{latents}). {_legend(metric)}.\n\n"
+        f"{latents}). {_legend(metric)}.{note}\n\n"
         + "\n".join(lines) + "\n"
     )
 
