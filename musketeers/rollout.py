@@ -35,6 +35,7 @@ VectorSource = Callable[[list[Item], torch.Tensor], list[torch.Tensor]]
 # (CPU generator state, CUDA generator state or None): what the adapter's random draws use
 RngState = tuple[torch.Tensor, torch.Tensor | None]
 _SHUFFLE_TAG = 0x5F1E  # derived_seed stream of the shuffled_reward control
+_NO_CONTEXT_TAG = 0x0C7A  # ... and of Figure 5's samples without C
 
 
 class NonFiniteError(UserError):
@@ -193,7 +194,7 @@ def no_context_reward(cfg: TrainConfig, step: int, policy, data: SplitData,
     run that logs it trains exactly like one that does not, and resume stays exact.
     """
     items, _, _ = data.batch(rows)
-    generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step + 1)
+    generator = torch.Generator().manual_seed(derived_seed(cfg.seed, _NO_CONTEXT_TAG, step))
     with torch.no_grad():
         completions = policy.generate(
             policy.encode_prompts(items), None, group_size=cfg.group_size,
