@@ -38,6 +38,8 @@ class SplitData:
         is its template's first token, and causal attention gives it the same state whatever
         follows (first_token pooling); such a vector carries the expert's identity, not what it
         makes of the prompt, and the report says so beside the cell."""
+        if not self.vectors:  # output_collab reads the experts' hints, not their vectors
+            return []
         return [name for name, v in zip(self.expert_names, self.vectors, strict=True)
                 if len(v) > 1 and bool((v == v[0]).all())]
 
