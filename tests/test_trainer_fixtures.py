@@ -115,3 +115,6 @@ def test_first_token_pooling_is_one_vector_per_expert_and_flagged():
 
     assert set(constant("first_token")) == set(TINY)
     assert constant("last") == []
+    hints_only = resolve_config(None, dict(task="logic", team=None, experts=TINY, budget="smoke",
+                                           method="output_collab", cache_dir=str(FIXTURES)))
+    assert load_split(hints_only, "train", TINY).constant_experts() == []  # no vectors read
