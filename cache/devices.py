@@ -29,8 +29,8 @@ def resolve_device(device: str) -> str:
 
 
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:
-    if dtype == "auto":
-        fast = device == "cuda" or cpu_has_bf16()
+    if dtype == "auto":  # bf16 only where it is native: CUDA, or a CPU with bf16 dot products
+        fast = device.startswith("cuda") or cpu_has_bf16()
         return torch.bfloat16 if fast else torch.float32
     table = {"bf16": torch.bfloat16, "fp32": torch.float32}
     if dtype not in table:

@@ -322,9 +322,9 @@ def torch_dtype_name(dtype: str, device: str) -> str:
     machine that runs it, so a config saved as ``auto`` stays portable across CPUs."""
     if dtype != "auto":
         return dtype
-    from musketeers.cache.devices import cpu_has_bf16
+    from musketeers.cache.devices import resolve_dtype  # precompute's own rule for "auto"
 
-    return "bfloat16" if device.startswith("cuda") or cpu_has_bf16() else "float32"
+    return str(resolve_dtype("auto", device)).removeprefix("torch.")
 
 
 def _check_device(device: str) -> None:
