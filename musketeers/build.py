@@ -113,12 +113,17 @@ def build_components(cfg: TrainConfig, split: str, *, limit: int | None = None,
 
 
 def make_optimizer(cfg: TrainConfig, policy, adapter):
-    """AdamW with separate learning rates for LoRA (θ) and the adapter (φ); a LambdaLR."""
+    """AdamW with separate learning rates for LoRA (θ) and the adapter (φ); a LambdaLR.
+
+    A method that does not train (``untrained``) gets learning rate 0 for both: with lr 0
+    AdamW's step and its decoupled weight decay (a factor 1 - lr·λ) leave every weight as is,
+    and the run still samples, logs and checkpoints like any other."""
+    trains = methods.get(cfg.method).trains
     groups = [{"params": [p for p in policy.model.parameters() if p.requires_grad],
-               "lr": cfg.lr}]
+               "lr": cfg.lr if trains else 0.0}]
     adapter_params = list(adapter.parameters()) if adapter is not None else []
     if adapter_params:  # zero_context's adapter has nothing to train
-        groups.append({"params": adapter_params, "lr": cfg.adapter_lr})
+        groups.append({"params": adapter_params, "lr": cfg.adapter_lr if trains else 0.0})
     optimizer = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay, eps=cfg.adam_eps)
 
     def factor(step: int) -> float:

@@ -30,7 +30,7 @@ from musketeers.tasks import extract_answer
 
 
 def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = False,
-             batch_size: int = 16, policy_factory: PolicyFactory | None = None
+             batch_size: int = 64, policy_factory: PolicyFactory | None = None
              ) -> dict[str, Any]:
     """Score the last checkpoint of ``run_dir`` on the val split; returns what it writes."""
     run_dir = Path(run_dir)

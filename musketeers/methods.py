@@ -59,6 +59,7 @@ class Method:
     control_of: str | None = None  # the method whose signal this one breaks
     shuffle_vectors: bool = False  # each item reads another item's expert vectors
     shuffle_rewards: bool = False  # rewards permuted within each update before advantages
+    trains: bool = True  # False: every learning rate is 0, so the run scores its start
     summary: str = ""
 
     @property
@@ -178,6 +179,9 @@ register(Method("zero_context", "Zero context (control)", _zero_context, _VECTOR
                 control_of="perceiver",
                 ignores=("pooling", "context_position", "d_model", "heads", "adapter_lr"),
                 summary="C = 0 at every step, nothing in φ trains: Single with m more positions"))
+register(Method("untrained", "Single, untrained (baseline)", None, ignores=("team", *_NO_C),
+                control_of="single", trains=False,
+                summary="the policy before any update (learning rates 0): what training adds to"))
 
 
 def derangement(n: int, seed: int) -> torch.Tensor:

@@ -49,6 +49,7 @@ class GridRun:
     name: str
     fields: dict[str, Any]
     eval_no_context: bool = False
+    stage: int = 1  # runs go by (stage, seed, task): a night that ends early ends complete
 
 
 @dataclass
@@ -95,6 +96,7 @@ def expand_entry(entry: dict[str, Any], seeds: Iterable[int]) -> list[dict[str, 
     """Every combination of the entry's list-valued fields, once per seed."""
     entry = dict(entry)
     entry.pop("eval_no_context", None)
+    entry.pop("stage", None)
     entry_seeds = entry.pop("seeds", None)
     keys = [k for k, v in entry.items() if isinstance(v, list)]
     combos = itertools.product(*(entry[k] for k in keys)) if keys else [()]
@@ -133,6 +135,7 @@ def load_grid(
                 continue
             name = run_name(budget, fields)
             no_ctx = bool(entry.get("eval_no_context"))
+            stage = int(entry.get("stage", 1))
             if name in runs:  # one run listed twice (Figure 5 reuses Table 1's): one union
                 before = runs[name]
                 clash = {k for k in before.fields.keys() & fields.keys()
@@ -142,14 +145,20 @@ def load_grid(
                                     f"{', '.join(sorted(clash))}; give it one entry")
                 fields = {**before.fields, **fields}
                 no_ctx = no_ctx or before.eval_no_context
-            runs[name] = GridRun(name, fields, no_ctx)
+                stage = min(stage, before.stage)
+            runs[name] = GridRun(name, fields, no_ctx, stage)
     if not runs:
         raise UserError(f"grid {path} selects no runs; check --tasks/--seeds")
+    # seed-major within a stage, so that whatever finishes first is every method of one
+    # (task, seed) rather than one method over every seed
+    tasks_seen = list(dict.fromkeys(r.fields.get("task") for r in runs.values()))
+    ordered = sorted(runs.values(), key=lambda r: (r.stage, r.fields.get("seed", 0),
+                                                   tasks_seen.index(r.fields.get("task"))))
     return Grid(
         budget=budget,
         description=str(raw.get("description", "")).strip(),
         defaults=defaults,
-        runs=list(runs.values()),
+        runs=ordered,
         eval_limit=raw.get("eval_limit"),
         estimate=str(raw.get("estimate", "")).strip(),
         precompute=raw.get("precompute") or None,

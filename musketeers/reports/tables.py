@@ -76,9 +76,11 @@ PAPER_ROWS: tuple[Row, ...] = (
 
 
 def _controls() -> tuple[Row, ...]:
-    """Ours' default team with one signal broken (not in the paper), from the registry."""
-    return tuple(Row({"method": m.name, "team": "default"}, None)
-                 for m in methods.REGISTRY.values() if m.control_of == OURS)
+    """Every control and baseline of the registry (not in the paper): Ours' default team with
+    one signal broken, and Single's untrained start."""
+    return tuple(Row({"method": m.name, "team": "default"} if m.uses_experts else
+                     {"method": m.name}, None)
+                 for m in methods.REGISTRY.values() if m.control_of is not None)
 
 
 def table1_rows(runs: Sequence[Run] = ()) -> tuple[Row, ...]:
