@@ -45,8 +45,13 @@ def ablate(
     from musketeers.reports.grid import load_grid, run_grid
     from musketeers.reports.ledger import ledger_path
     from musketeers.reports.needs import ensure_cache
-    from musketeers.reports.publish import publish_runs
-    from musketeers.reports.report import write_report
+    from musketeers.reports.publish import (
+        adopt_published,
+        publish_ledger,
+        publish_run,
+        publish_runs,
+    )
+    from musketeers.reports.report import report_dir, write_report
 
     task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
     if task_list:
@@ -57,10 +62,20 @@ def ablate(
     overrides = {"cache_dir": str(cache_dir)} if cache_dir else None
     g = load_grid(grid or budget, seeds=_int_list(seeds, "seeds"), tasks=task_list,
                   overrides=overrides)
+    published = report_dir(reports_dir, g) / "runs"
     if not report_only:
+        adopted = adopt_published(g, runs_dir, published)
+        if adopted:
+            typer.echo(f"{len(adopted)} finished runs adopted from {published} (earlier "
+                       "sessions' published results); the grid goes on from there")
         ledger = ledger_path(runs_dir, g.budget)
         ensure_cache(g, g.precompute, gsm8k_dir=gsm8k_dir, ledger=ledger)
-        result = run_grid(g, runs_dir, ledger=ledger)
+
+        def publish(run, run_dir: Path) -> None:  # each run as it ends: a session may not
+            publish_run(run_dir, published / run.name)
+            publish_ledger(g, runs_dir, published)
+
+        result = run_grid(g, runs_dir, ledger=ledger, on_done=publish)
         typer.echo(f"{len(result.trained)} trained, {len(result.evaluated)} evaluated, "
                    f"{len(result.skipped)} already done, {len(result.failed)} failed"
                    + (f", {len(result.stale)} stale (set aside under {runs_dir / 'stale'} "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 import time
 from functools import partial
 from pathlib import Path
@@ -46,6 +47,11 @@ def write_run(root: Path, name: str, acc: float | None, rewards=(0.1, 0.2, 0.3),
 
 
 KEY = dict(task="arithmetic", method="perceiver", team="default", pooling="last", latents=8)
+
+
+def _arith_claim(claims: list[str]) -> str:
+    """§4.2's "Ours beats Single on Arithmetic" (after the regime claims, one per task)."""
+    return next(c for c in claims if c.startswith("- §4.2: on Arithmetic"))
 
 
 def test_mean_and_sample_std_over_seeds_match_hand_computation(tmp_path: Path):
@@ -117,10 +123,10 @@ def test_verdicts_say_when_a_difference_is_within_evaluation_noise(tmp_path: Pat
     assert base.item_se == 0.0
     noise, why = within_noise(ours, base)
     assert noise and "3.12 points, is within 2 SE (4.35)" in why
-    claim = paper_claims(small, 8)[0]
+    claim = _arith_claim(paper_claims(small, 8))
     assert "**holds here, but within noise**" in claim
     # the same 3.12 points on 1,000 items each: SE = 0.55, 2 SE = 1.10, a finding
-    big = paper_claims(agg.load_runs(tmp_path / "large"), 8)[0]
+    big = _arith_claim(paper_claims(agg.load_runs(tmp_path / "large"), 8))
     assert "**holds here**" in big and "exceeds 2 SE (1.10)" in big
     # a tie is no finding either way, whatever its SE (here 0: both cells scored 0)
     assert within_noise(base, base) == (True, "no difference at all, over 64 and 64 graded items")
@@ -132,15 +138,17 @@ def test_grid_expands_dedups_and_filters():
     grid = load_grid("smoke")
     names = [r.name for r in grid.runs]
     assert len(names) == len(set(names))
-    # Table 1: 8 rows + 3 controls x 4 tasks; Table 2: 4 more poolings; Figure 6: 6 more m
-    assert len(names) == 44 + 4 + 6
+    # Table 1: 8 rows + 3 controls + the untrained baseline x 4 tasks; Table 2: 4 more
+    # poolings; Figure 6: 6 more m
+    assert len(names) == 48 + 4 + 6
     default = run_name("smoke", {**KEY, "seed": 0})
     assert default in names
     assert next(r for r in grid.runs if r.name == default).eval_no_context
     assert run_name("smoke", {"task": "logic", "method": "single", "team": "x", "seed": 1}) \
         == "smoke-logic-single-s1"
     two = load_grid("smoke", seeds=[0, 1], tasks=["logic"])
-    assert len(two.runs) == 2 * 11 and {r.fields["task"] for r in two.runs} == {"logic"}
+    # 11 runs per seed, and the untrained run once (its entry fixes seeds: [0])
+    assert len(two.runs) == 2 * 11 + 1 and {r.fields["task"] for r in two.runs} == {"logic"}
     with pytest.raises(UserError, match="selects no runs"):
         load_grid("smoke", tasks=["planted"])
     with pytest.raises(UserError, match="--budget"):
@@ -490,7 +498,7 @@ def _accuracy_claim(root: Path, ours: float, single: float, control: float | Non
     if control is not None:
         write_run(root, "ctl", control, n=1000, seed=control_seed,
                   **{**KEY, "method": "shuffled_experts"})
-    return paper_claims(agg.load_runs(root), 8)[0]
+    return _arith_claim(paper_claims(agg.load_runs(root), 8))
 
 
 def test_the_accuracy_claim_for_ours_must_clear_its_shuffled_experts_control(tmp_path: Path):
@@ -616,3 +624,24 @@ def test_table2_says_which_poolings_gave_every_item_the_same_vector(tmp_path: Pa
     assert "First token" in note and ": qwen" in note and "Last" not in note
     (first / "inputs.json").unlink()
     assert "Same vector for every item" not in table2_markdown(agg.load_runs(tmp_path))
+
+
+def test_the_regime_claim_needs_every_single_seed_beyond_2_se_of_the_untrained_policy(
+        tmp_path: Path):
+    from musketeers.reports.claims import learns_claim
+
+    task = "arithmetic:easy@direct"
+    write_run(tmp_path, "u", 0.21, n=400, seed=0, task=task, method="untrained")
+    for seed, acc in enumerate((0.33, 0.35)):
+        write_run(tmp_path, f"s{seed}", acc, n=400, seed=seed, task=task, method="single")
+    text = learns_claim(agg.load_runs(tmp_path), "arithmetic")
+    assert "**holds here**" in text and "untrained 21.00" in text and "seed 1: 35.00" in text
+    # one seed within noise of the untrained policy (2 SE of two 400-item cells ≈ 5.9 points
+    # here): no longer evidence that the regime learns
+    write_run(tmp_path, "s2", 0.23, n=400, seed=2, task=task, method="single")
+    text = learns_claim(agg.load_runs(tmp_path), "arithmetic")
+    assert "**holds on 2 of 3 seeds only: within noise**" in text
+    # without the untrained run there is nothing to measure against
+    shutil.rmtree(tmp_path / "u")
+    assert "no control run: not evidence" in learns_claim(agg.load_runs(tmp_path), "arithmetic")
+    assert learns_claim(agg.load_runs(tmp_path), "logic") is None

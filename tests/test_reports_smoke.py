@@ -1,12 +1,13 @@
 """Ablation grids end to end on the committed fixture stores: real trainer and evaluator,
 tiny random policy and experts. Proves grid → runs → tables → figures → report, and that a
-second invocation trains nothing. The whole smoke grid (54 runs of 3 steps) runs in `make test`
+second invocation trains nothing. The whole smoke grid (58 runs of 3 steps) runs in `make test`
 and CI on every change (issue 4), in a few minutes on a quiet 2-core CPU.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import matplotlib.image as mpimg
@@ -55,6 +56,19 @@ def test_three_run_grid_end_to_end(tmp_path: Path):
                                        "--reports-dir", str(tmp_path / "elsewhere")])
     assert rebuilt.exit_code == 0, rebuilt.output
     assert (tmp_path / "elsewhere" / "smoke" / "table1.md").read_text() == table1
+    # another machine or session: no run folders, only the committed report. The grid adopts
+    # what was published (and its ledger) and runs only what is not there
+    shutil.rmtree(out / "runs" / "smoke-arithmetic-single-s0")
+    fresh = [*args[:args.index("--runs-dir") + 1], str(tmp_path / "runs2"),
+             *args[args.index("--runs-dir") + 2:]]
+    third = CliRunner().invoke(app, fresh)
+    assert third.exit_code == 0, third.output
+    assert "2 finished runs adopted" in third.output
+    assert "1 trained" in third.output and "2 already done" in third.output
+    ledger = (tmp_path / "runs2" / "ledger-smoke.jsonl").read_text().splitlines()
+    first_ledger = (tmp_path / "runs" / "ledger-smoke.jsonl").read_text().splitlines()
+    assert ledger[:len(first_ledger)] == first_ledger and len(ledger) > len(first_ledger)
+    assert (out / "runs" / "smoke-arithmetic-single-s0" / "eval.json").is_file()
 
 
 def _decodes_non_empty(png: Path) -> bool:

@@ -286,6 +286,7 @@ def run_grid(
     eval_fn: Callable[[Path, int | None, bool], dict] | None = None,
     config_fn: Callable[[dict[str, Any]], Any] | None = None,
     ledger: Path | None = None,
+    on_done: Callable[[GridRun, Path], None] | None = None,
 ) -> GridResult:
     """Train and evaluate every run of ``grid`` that has no finished result under ``runs_dir``.
 
@@ -295,7 +296,8 @@ def run_grid(
     A run that raises is recorded (error.txt) and the grid goes on; a failed run is retried the
     next time the grid runs. The three callables default to the trainer, the evaluator and
     the TrainConfig loader; tests inject fakes. Each training and evaluation call's wall time
-    goes to ``ledger`` (``musketeers.reports.ledger``).
+    goes to ``ledger`` (``musketeers.reports.ledger``). ``on_done(run, run_dir)`` is called
+    as each run is finished and evaluated (``ablate`` publishes it there and then).
     """
     train_fn = train_fn or _default_train_fn
     eval_fn = eval_fn or _default_eval_fn
@@ -334,6 +336,8 @@ def run_grid(
                         result_ = eval_fn(run_dir, grid.eval_limit, context)
                     _write_eval(run_dir, out, result_)
             result.evaluated.append(run.name)
+            if on_done is not None:
+                on_done(run, run_dir)
         except (KeyboardInterrupt, SystemExit):
             raise
         except Exception as exc:  # noqa: BLE001 - one failed run must not stop the grid

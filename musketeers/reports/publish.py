@@ -15,13 +15,23 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from musketeers.reports.grid import Grid, is_finished
+from musketeers.reports.grid import Grid, is_finished, run_status
 from musketeers.reports.ledger import ledger_path
 
 ARTEFACTS = ("config.yaml", "metrics.jsonl", "summary.json", "fingerprints.json", "inputs.json",
              "error.txt",
              "eval.json", "eval_samples.jsonl", "eval_no_context.json",
              "eval_no_context_samples.jsonl")
+
+
+def publish_run(src: Path, dest: Path) -> None:
+    """Copy one finished run's artefacts from ``src`` to ``dest`` (replaced if it exists)."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for name in ARTEFACTS:
+        if (src / name).is_file():
+            shutil.copy2(src / name, dest / name)
 
 
 def publish_runs(grid: Grid, runs_dir: Path, dest: Path) -> list[str]:
@@ -33,16 +43,42 @@ def publish_runs(grid: Grid, runs_dir: Path, dest: Path) -> list[str]:
         src = runs_dir / run.name
         if src.resolve() == (dest / run.name).resolve() or not is_finished(src):
             continue
-        out = dest / run.name
-        if out.exists():
-            shutil.rmtree(out)
-        out.mkdir(parents=True)
-        for name in ARTEFACTS:
-            if (src / name).is_file():
-                shutil.copy2(src / name, out / name)
+        publish_run(src, dest / run.name)
         copied.append(run.name)
+    publish_ledger(grid, runs_dir, dest)
+    return copied
+
+
+def publish_ledger(grid: Grid, runs_dir: Path, dest: Path) -> None:
     ledger = ledger_path(runs_dir, grid.budget)
     if ledger.is_file() and ledger.resolve() != ledger_path(dest, grid.budget).resolve():
         dest.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ledger, ledger_path(dest, grid.budget))
-    return copied
+
+
+def adopt_published(grid: Grid, runs_dir: Path, published: Path) -> list[str]:
+    """Copy into ``runs_dir`` every run of the grid that is done (trained and evaluated) in the
+    published folder but not in ``runs_dir``, and merge the published ledger into the local
+    one; returns the names adopted. This is how a grid goes on on another machine or in a new
+    session: the committed report folder holds what earlier sessions finished, the grid
+    skips those runs (after the usual check that their settings are the grid's) and runs the
+    rest. A local run folder is never overwritten."""
+    runs_dir, published = Path(runs_dir), Path(published)
+    if not published.is_dir() or published.resolve() == runs_dir.resolve():
+        return []
+    adopted = []
+    for run in grid.runs:
+        src, dst = published / run.name, runs_dir / run.name
+        if dst.exists() or run_status(src, run.eval_no_context) != "done":
+            continue
+        publish_run(src, dst)
+        adopted.append(run.name)
+    theirs, ours = ledger_path(published, grid.budget), ledger_path(runs_dir, grid.budget)
+    if theirs.is_file():
+        mine = [line for line in ours.read_text().splitlines() if line] \
+            if ours.is_file() else []
+        new = [line for line in theirs.read_text().splitlines() if line and line not in mine]
+        if new:  # calls of earlier sessions, each line once, before this session's
+            ours.parent.mkdir(parents=True, exist_ok=True)
+            ours.write_text("\n".join(new + mine) + "\n")
+    return adopted

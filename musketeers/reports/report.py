@@ -184,9 +184,14 @@ def _old_evals(runs: list[Run]) -> list[str]:
             "evaluate them again (`musketeers eval`) for exact.".format(", ".join(old)), ""]
 
 
+def report_dir(reports_dir: Path, grid: Grid) -> Path:
+    """Where a grid's report (and its published runs, ``runs/``) live: reports_dir/<budget>."""
+    return Path(reports_dir) / grid.budget
+
+
 def write_report(grid: Grid, runs_dir: Path, reports_dir: Path) -> Path:
     """Write table1.md, table2.md, the figures and README.md under reports_dir/<budget>."""
-    out = Path(reports_dir) / grid.budget
+    out = report_dir(reports_dir, grid)
     out.mkdir(parents=True, exist_ok=True)
     runs = load_runs(Path(runs_dir), names=[g.name for g in grid.runs])
     latents = int(grid.defaults.get("latents", DEFAULT_LATENTS))
