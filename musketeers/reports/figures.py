@@ -20,6 +20,7 @@ import numpy as np  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from musketeers import experiment  # noqa: E402
 from musketeers.reports.aggregate import (  # noqa: E402
     Run,
     experts_of,
@@ -37,7 +38,9 @@ from musketeers.reports.tables import (  # noqa: E402
 TEAM_TITLES = {"default": "Default Team", "naive": "Naive Team", "llm": "LLM Team",
                "generalist": "Generalist Team"}
 FIG4_TEAMS = ("default", "naive", "llm", "generalist")
-LATENTS = (2, 4, 8, 16, 32, 64, 128)
+# Figure 6's x axis: the design's m values and the default
+LATENTS = tuple(sorted({*experiment.PARTS["figure6"].values("latents"),
+                        experiment.DEFAULT_LATENTS}))
 DPI = 130
 
 

@@ -11,21 +11,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from musketeers import methods
+from musketeers import experiment, methods
 from musketeers.reports.aggregate import Cell, Run, cell
 
-TASKS = ("algorithmic", "arithmetic", "logic", "gsm8k")
+TASKS = experiment.FAMILIES
 TASK_TITLES = {"algorithmic": "Algorithmic", "arithmetic": "Arithmetic", "logic": "Logic",
                "gsm8k": "GSM8K"}
-DEFAULT_LATENTS = 8  # the paper's m
-DEFAULT_POOLING = "last"
+DEFAULT_LATENTS = experiment.DEFAULT_LATENTS
+DEFAULT_POOLING = experiment.DEFAULT_POOLING
 # The method every claim is about; its controls are the registry's methods with
 # control_of == OURS. Exact (accuracy) claims are stated against the shuffled-experts control,
 # routing claims (§4.3) against the shuffled-reward one (musketeers.methods).
-OURS = "perceiver"
+OURS = experiment.OURS["method"]
 EXACT_CONTROL = "shuffled_experts"
 ROUTING_CONTROL = "shuffled_reward"
-DEFAULT_TEAM = {"method": OURS, "team": "default"}
+DEFAULT_TEAM = experiment.OURS
 # What each metric is, for captions; the paper's column is always its "accuracy".
 METRIC_TEXT = {
     "exact": "exact (% of greedy validation completions scoring 1)",
@@ -103,15 +103,20 @@ def table1_rows(runs: Sequence[Run] = ()) -> tuple[Row, ...]:
 
 TABLE1: tuple[Row, ...] = table1_rows()
 
-# Table 2: pooling on Arithmetic with the default team. Labels name Eq. 5's h^{(layer)}_{i,token}.
-TABLE2: tuple[tuple[str, str, tuple[float, float]], ...] = (
-    ("First token (h^(L)_{i,0})", "first_token", (75.13, 1.12)),
-    ("First layer (h^(0)_{i,T})", "first_layer", (54.62, 17.82)),
-    ("Random token", "random_token", (63.93, 6.33)),
-    ("Random layer", "random_layer", (38.09, 25.55)),
-    ("Last (ours, n=3)", "last", (75.26, 5.62)),
-)
-TABLE2_KEY = {"task": "arithmetic", **DEFAULT_TEAM}
+# Table 2: the design's poolings (experiment.PARTS["table2"]), then Table 1's last-token run.
+# Labels name Eq. 5's h^{(layer)}_{i,token}; the paper's numbers are keyed by pooling.
+PAPER_TABLE2: dict[str, tuple[str, tuple[float, float]]] = {
+    "first_token": ("First token (h^(L)_{i,0})", (75.13, 1.12)),
+    "first_layer": ("First layer (h^(0)_{i,T})", (54.62, 17.82)),
+    "random_token": ("Random token", (63.93, 6.33)),
+    "random_layer": ("Random layer", (38.09, 25.55)),
+    "last": ("Last (ours, n=3)", (75.26, 5.62)),
+}
+_T2 = experiment.PARTS["table2"]
+TABLE2: tuple[tuple[str, str, tuple[float, float]], ...] = tuple(
+    (PAPER_TABLE2[p][0], p, PAPER_TABLE2[p][1]) for p in (*_T2.values("pooling"),
+                                                          DEFAULT_POOLING))
+TABLE2_KEY = {"task": _T2.values("task")[0], **DEFAULT_TEAM}
 
 
 def paper_text(value: tuple[float, float] | None, control: bool = False) -> str:

@@ -1,0 +1,115 @@
+"""The experiment: every cell of the paper's tables and figures, and the controls behind its
+claims, declared once.
+
+A ``Part`` is what one table, figure or claim needs: a few entries of TrainConfig fields (a
+list value is swept), on the paper's task families. The grids (``configs/ablations/*.yaml``)
+are overlays on this design: a budget (``config.BUDGETS``, the size of every run), the seeds,
+which families run as which task (``arithmetic`` as ``arithmetic:easy@direct`` in the pocket
+grid), the policy and roster, and per part whether it runs on every seed or the first, in
+which stage, restricted to which values (``only``), with which extra fields (``set``). The
+report reads the same parts: Table 2's poolings, Figure 5's tasks and Figure 6's m come from
+here, not from literals in the tables.
+
+A user's own grid can still list its ``runs:`` directly (``musketeers ablate --grid``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# The paper's task families, in its column order.
+FAMILIES = ("algorithmic", "arithmetic", "logic", "gsm8k")
+TEAMS = ("default", "generalist", "naive", "llm")
+POOLINGS = ("first_token", "first_layer", "random_token", "random_layer")  # Table 2 (+ last)
+LATENTS = (2, 4, 16, 32, 64, 128)  # Figure 6 (+ the default m = 8)
+DEFAULT_LATENTS = 8  # the paper's m
+DEFAULT_POOLING = "last"
+
+
+@dataclass(frozen=True)
+class Part:
+    """One table's, figure's or claim's runs. Entries without ``task`` run on every family."""
+
+    name: str
+    feeds: str  # what the report builds from it
+    entries: tuple[dict[str, Any], ...]
+    first_seed_only: bool = False  # a result that does not depend on the seed
+    stage: int = 1  # parts run in stage order
+
+    def values(self, key: str) -> tuple[Any, ...]:
+        """Every value ``key`` takes in this part's entries (lists flattened), in order."""
+        out: list[Any] = []
+        for entry in self.entries:
+            v = entry.get(key)
+            for x in v if isinstance(v, list | tuple) else [v]:
+                if x is not None and x not in out:
+                    out.append(x)
+        return tuple(out)
+
+
+OURS = {"method": "perceiver", "team": "default"}
+
+DESIGN: tuple[Part, ...] = (
+    Part("untrained", "the regime claim: Single after training against its start",
+         ({"method": "untrained", "steps": 1},), first_seed_only=True, stage=0),
+    Part("table1", "Table 1's main rows and §4.2's claims: Single and Ours per team",
+         ({"method": "single"}, {"method": "perceiver", "team": list(TEAMS)})),
+    Part("controls", "every claim for Ours is stated against these (Table 1's control rows)",
+         ({"method": ["shuffled_experts", "shuffled_reward"], "team": "default"},)),
+    Part("zero_context", "Table 1's zero-context row: C's information, or m more positions?",
+         ({"method": "zero_context", "team": "default"},)),
+    Part("baselines", "Table 1's other methods",
+         ({"method": ["hard_routing", "output_collab", "no_cross_attn"], "team": "default"},)),
+    Part("figure5", "Figure 5 and its claim: Ours with and without C",
+         ({"task": ["logic", "arithmetic"], **OURS, "eval_no_context": True},)),
+    Part("table2", "Table 2: pooling (last = Table 1's Ours)",
+         ({"task": "arithmetic", **OURS, "pooling": list(POOLINGS)},)),
+    Part("figure6", "Figure 6: the number of latent queries m (8 = Table 1's Ours)",
+         ({"task": "arithmetic", **OURS, "latents": list(LATENTS)},)),
+)
+PARTS = {p.name: p for p in DESIGN}
+
+
+@dataclass
+class PartSettings:
+    """An overlay's settings for one part (the grid YAML's ``parts: {name: {...}}``)."""
+
+    seeds: str = "all"  # "all" (the grid's seeds) or "first"
+    stage: int | None = None  # None: the part's own
+    tasks: list[str] | None = None  # families, replacing the part's own
+    only: dict[str, list[Any]] = field(default_factory=dict)  # keep these values of a field
+    set: dict[str, Any] = field(default_factory=dict)  # extra TrainConfig fields
+
+
+def part_entries(part: Part, settings: PartSettings, families: dict[str, str]
+                 ) -> list[dict[str, Any]]:
+    """The part's entries as grid entries (the custom-grid format ``grids.expand_entry``
+    reads): families mapped to the overlay's tasks (a family it does not run is dropped),
+    ``only`` applied to swept and fixed values, ``set`` added, seeds and stage attached."""
+    out = []
+    for entry in part.entries:
+        entry = {**entry, **settings.set}
+        own = settings.tasks or entry.pop("task", None) or list(families)
+        own = own if isinstance(own, list) else [own]
+        tasks = [families[t] for t in own if t in families]
+        entry.pop("task", None)
+        keep = True
+        for key, allowed in settings.only.items():
+            if key not in entry:
+                continue
+            v = entry[key]
+            if isinstance(v, list):
+                v = [x for x in v if x in allowed]
+                keep = keep and bool(v)
+            else:
+                keep = keep and v in allowed
+            entry[key] = v
+        if not tasks or not keep:
+            continue
+        entry["task"] = tasks
+        entry["stage"] = part.stage if settings.stage is None else settings.stage
+        if settings.seeds == "first" or part.first_seed_only:
+            entry["seeds"] = "first"
+        out.append(entry)
+    return out

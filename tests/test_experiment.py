@@ -1,0 +1,93 @@
+"""One experiment design (musketeers/experiment.py); the packaged grids are overlays on it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from musketeers import experiment
+from musketeers.cache.errors import UserError
+from musketeers.config import BUDGETS, resolve_config
+from musketeers.reports.grid import BUDGETS as GRID_BUDGETS
+from musketeers.reports.grid import grid_file, load_grid, stale_fields
+
+REPO = Path(__file__).resolve().parents[1]
+SIZES = {k for sizes in BUDGETS.values() for k in sizes}
+
+
+@pytest.mark.parametrize("budget", GRID_BUDGETS)
+def test_packaged_grids_overlay_the_design_and_leave_sizes_to_the_budget(budget: str):
+    raw = yaml.safe_load(grid_file(budget).read_text())
+    assert "runs" not in raw and set(raw["parts"]) <= set(experiment.PARTS)
+    # a budget means the same to `train` and `ablate`: no grid restates a run's size
+    assert raw["defaults"]["budget"] == raw["budget"] == budget
+    assert not SIZES & {k for k in raw["defaults"] if k not in ("dtype",)}, budget
+    grid = load_grid(budget)
+    # every run of Table 2 and Figure 6 comes from the design's values
+    poolings = {r.fields.get("pooling") for r in grid.runs}
+    assert poolings <= {*experiment.POOLINGS, experiment.DEFAULT_POOLING}
+    latents = {r.fields.get("latents") for r in grid.runs}
+    assert latents <= {*experiment.LATENTS, experiment.DEFAULT_LATENTS}
+
+
+def write_overlay(tmp_path: Path, parts: dict, tasks=("arithmetic", "logic")) -> Path:
+    path = tmp_path / "g.yaml"
+    path.write_text(yaml.safe_dump({
+        "budget": "smoke", "seeds": [3, 4], "defaults": {"budget": "smoke", "latents": 8,
+                                                        "pooling": "last"},
+        "tasks": {"arithmetic": "arithmetic:easy@direct"} if tasks is None else list(tasks),
+        "parts": parts}))
+    return path
+
+
+def test_an_overlay_selects_parts_values_seeds_and_stages(tmp_path: Path):
+    grid = load_grid(write_overlay(tmp_path, {
+        "table1": {"only": {"team": ["naive"]}},
+        "figure6": {"seeds": "first", "stage": 2, "only": {"latents": [4, 32]}},
+        "figure5": {"set": {"no_context_every": 5}},
+        "untrained": {}}))
+    names = [r.name for r in grid.runs]
+    assert names[:2] == ["smoke-arithmetic-untrained-s3", "smoke-logic-untrained-s3"]
+    assert "smoke-arithmetic-perceiver-naive-last-m8-s4" in names
+    assert not any(team in n for n in names for team in ("generalist", "-llm-"))
+    # Figure 6 is Arithmetic's only, on the first seed, after everything else
+    assert names[-2:] == ["smoke-arithmetic-perceiver-default-last-m4-s3",
+                          "smoke-arithmetic-perceiver-default-last-m32-s3"]
+    # Figure 5's runs are Ours' default team on its own tasks, with the overlay's setting
+    fig5 = [r for r in grid.runs if r.eval_no_context]
+    assert {r.name for r in fig5} == {f"smoke-{t}-perceiver-default-last-m8-s{s}"
+                                      for t in ("logic", "arithmetic") for s in (3, 4)}
+    assert all(r.fields["no_context_every"] == 5 for r in fig5)
+    assert not any("hard_routing" in n or "shuffled" in n for n in names)
+
+
+def test_an_overlay_maps_families_to_variants_and_drops_the_rest(tmp_path: Path):
+    grid = load_grid(write_overlay(tmp_path, {"table1": {}, "figure5": {}}, tasks=None))
+    assert {r.fields["task"] for r in grid.runs} == {"arithmetic:easy@direct"}
+    assert any(r.eval_no_context for r in grid.runs)  # logic is not run, arithmetic is
+
+
+@pytest.mark.parametrize("parts, match", [
+    ({"table3": {}}, "unknown parts"),
+    ({"table1": {"sed": "first"}}, "a part takes seeds, stage, tasks, only and set"),
+])
+def test_a_bad_overlay_is_one_line_naming_the_fix(tmp_path: Path, parts, match):
+    with pytest.raises(UserError, match=match):
+        load_grid(write_overlay(tmp_path, parts))
+
+
+def test_published_pocket_runs_are_runs_of_the_pocket_grid_as_it_stands():
+    """What reports/pocket/runs holds was trained under the grid's current settings: a change
+    to the design or the pocket overlay that would make a published run stale fails here,
+    before a new session sets it aside and trains it again."""
+    published = sorted((REPO / "reports" / "pocket" / "runs").glob("pocket-*/config.yaml"))
+    if not published:
+        pytest.skip("no pocket run published yet")
+    runs = {r.name: r for r in load_grid("pocket").runs}
+    for path in published:
+        name = path.parent.name
+        assert name in runs, f"{name} is published but not a run of the pocket grid"
+        cfg = resolve_config(overrides={**runs[name].fields, "run_dir": str(path.parent)})
+        assert stale_fields(path.parent, cfg) == {}, name
