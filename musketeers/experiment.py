@@ -16,7 +16,10 @@ A user's own grid can still list its ``runs:`` directly (``musketeers ablate --g
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from musketeers.cache.errors import UserError
 
 # The paper's task families, in its column order.
 FAMILIES = ("algorithmic", "arithmetic", "logic", "gsm8k")
@@ -113,3 +116,27 @@ def part_entries(part: Part, settings: PartSettings, families: dict[str, str]
             entry["seeds"] = "first"
         out.append(entry)
     return out
+
+
+def overlay_runs(raw: dict[str, Any], path: Path) -> list[dict[str, Any]]:
+    """The runs of an overlay grid: ``tasks`` (the families it runs, or a mapping from family
+    to the task run for it) and ``parts`` (which parts of ``DESIGN`` it runs, each
+    with its ``PartSettings``), in the design's order."""
+    tasks = raw.get("tasks") or list(FAMILIES)
+    families = dict(tasks) if isinstance(tasks, dict) else {t: t for t in tasks}
+    parts = raw.get("parts") or {}
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise UserError(f"grid {path}: unknown parts {sorted(unknown)}; the design has "
+                        f"{', '.join(PARTS)} (musketeers/experiment.py)")
+    runs = []
+    for part in DESIGN:
+        if part.name not in parts:
+            continue
+        try:
+            settings = PartSettings(**(parts[part.name] or {}))
+        except TypeError as exc:
+            raise UserError(f"grid {path}: part {part.name}: {exc}; a part takes seeds, "
+                            "stage, tasks, only and set") from None
+        runs += part_entries(part, settings, families)
+    return runs

@@ -126,7 +126,7 @@ def load_grid(
         raise UserError(f"no grid file {path}; pass --budget one of {', '.join(BUDGETS)}")
     raw = yaml.safe_load(path.read_text()) or {}
     if "parts" in raw:  # an overlay on the experiment design, not a list of runs
-        raw = {**raw, "runs": overlay_runs(raw, path)}
+        raw = {**raw, "runs": experiment.overlay_runs(raw, path)}
     budget = raw.get("budget", path.stem)
     defaults = dict(raw.get("defaults") or {})
     task_overrides = raw.get("task_overrides") or {}
@@ -168,30 +168,6 @@ def load_grid(
         estimate=str(raw.get("estimate", "")).strip(),
         precompute=raw.get("precompute") or None,
     )
-
-
-def overlay_runs(raw: dict[str, Any], path: Path) -> list[dict[str, Any]]:
-    """The runs of an overlay grid: ``tasks`` (the families it runs, or a mapping from family
-    to the task run for it) and ``parts`` (which parts of ``experiment.DESIGN`` it runs, each
-    with its ``PartSettings``), in the design's order."""
-    tasks = raw.get("tasks") or list(experiment.FAMILIES)
-    families = dict(tasks) if isinstance(tasks, dict) else {t: t for t in tasks}
-    parts = raw.get("parts") or {}
-    unknown = set(parts) - set(experiment.PARTS)
-    if unknown:
-        raise UserError(f"grid {path}: unknown parts {sorted(unknown)}; the design has "
-                        f"{', '.join(experiment.PARTS)} (musketeers/experiment.py)")
-    runs = []
-    for part in experiment.DESIGN:
-        if part.name not in parts:
-            continue
-        try:
-            settings = experiment.PartSettings(**(parts[part.name] or {}))
-        except TypeError as exc:
-            raise UserError(f"grid {path}: part {part.name}: {exc}; a part takes seeds, "
-                            "stage, tasks, only and set") from None
-        runs += experiment.part_entries(part, settings, families)
-    return runs
 
 
 # ---------------------------------------------------------------- run status and execution
