@@ -37,7 +37,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--team", default="default", help="pocket team of the precompute/train rows")
     p.add_argument("--roster", default="pocket", help="roster of the team (tiny: test models)")
     p.add_argument("--policy", default=None, help="policy of the train rows (default: budget's)")
-    p.add_argument("--trl-policy", default="smollm2", help="policy of the single-vs-TRL rows")
+    p.add_argument("--trl-regime", default="pocket", choices=("pocket", "issue3"),
+                   help="what a step is in the single-vs-TRL rows (trl_bench.REGIMES)")
     p.add_argument("--read-rows", type=int, default=16000, help="rows of the cache-read store")
     p.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"))
     p.add_argument("--work-dir", type=Path, default=None,
@@ -167,13 +168,13 @@ def section_train(rep: rp.Report, args, ctx: dict) -> None:
 def section_trl(rep: rp.Report, args, ctx: dict) -> None:
     from musketeers.bench.trl_bench import bench_trl
 
-    res = bench_trl(ctx["work"] / "stores", ctx["work"] / "runs", args.trl_policy, args.reps,
+    res = bench_trl(ctx["work"] / "stores", ctx["work"] / "runs", args.trl_regime, args.reps,
                     0 if args.quick else 1)
     for side, r in res.items():
         if "error" in r:
             rep.skip("trl", f"{side} step", r["error"])
         else:
-            rep.measure("trl", f"{side} step", "s/step", r["step_s"])
+            rep.measure("trl", f"{side} step ({args.trl_regime})", "s/step", r["step_s"])
             rep.measure("trl", f"{side} peak RSS", "MiB", [r["peak_rss_mib"]])
     if any("error" in r for r in res.values()):
         return

@@ -1,9 +1,10 @@
-"""The ``single`` method vs TRL's ``GRPOTrainer`` at equal work (issue 3).
+"""The ``single`` method vs TRL's ``GRPOTrainer`` at equal work (issue 3), per regime.
 
-Same policy (the converted SmolLM2-135M-Instruct copy in the models dir), same prompts
-(``gsm_symbolic`` with the DeepSeekZero system prompt, through the chat template), G = 4,
-4 prompts per step, exactly 64 new tokens per completion on both sides (eos suppressed until
-then), LoRA r = 8 / α = 16 on q_proj, v_proj, β = 0.04, lr 1e-4, bf16 weights on both sides.
+Same policy (the converted copy in the models dir), same prompts (through the chat
+template), same prompts × G per step, exactly ``max_new_tokens`` per completion on both sides
+(eos suppressed until then), every batch back-propagated on both sides (ours does not skip a
+batch without signal here), LoRA r = 8 / α = 16 on q_proj, v_proj, β = 0.04, lr 1e-4, the same
+weight dtype on both sides. ``REGIMES`` says what a step is.
 TRL pitfalls handled (MODELS.md): dtype through ``model_init_kwargs``; gradient checkpointing
 off (its default is on, which would only slow TRL down on this small model);
 ``per_device_train_batch_size`` counts completions (16 = 4 groups of 4).
@@ -26,8 +27,17 @@ from musketeers.bench.machine import peak_rss_mib, set_threads
 
 TRL_VERSION = "1.16.0"
 PINNED = ("torch", "transformers", "peft", "accelerate", "datasets", "numpy", "safetensors")
-SHARED = {"prompts": 4, "group_size": 4, "max_new_tokens": 64, "lora_r": 8, "beta": 0.04,
-          "lr": 1e-4}
+SHARED = {"lora_r": 8, "beta": 0.04, "lr": 1e-4}
+# What one step is, per regime (``--trl-regime``): ``issue3`` is the comparison of issue 3
+# (SmolLM2, gsm_symbolic with the DeepSeekZero prompt, 4 x 4 x 64 tokens, bf16); ``pocket`` is
+# the pocket grid's regime (Qwen2.5-Coder-0.5B, arithmetic:easy@direct, 4 prompts x G = 8 x 32
+# tokens) in the dtype this CPU runs natively (config ``dtype: auto``), the same on both sides.
+REGIMES: dict[str, dict[str, Any]] = {
+    "issue3": {"policy": "smollm2", "task": "gsm_symbolic", "prompts": 4, "group_size": 4,
+               "max_new_tokens": 64, "dtype": "bfloat16"},
+    "pocket": {"policy": "qwen2.5-coder-0.5b-instruct", "task": "arithmetic:easy@direct",
+               "prompts": 4, "group_size": 8, "max_new_tokens": 32, "dtype": "auto"},
+}
 
 
 def ensure_trl(version: str = TRL_VERSION) -> str | None:
@@ -60,12 +70,14 @@ def run_single(params: dict[str, Any]) -> dict[str, Any]:
     """In a child: our ``single`` method, ``warmup + reps`` steps of ``train_step``."""
     from musketeers.bench.train_bench import run_steps
 
-    overrides = {"method": "single", "policy": params["policy"], "budget": "pocket",
-                 "prompts_per_micro": SHARED["prompts"], "grad_accum": 1,
-                 "group_size": SHARED["group_size"], "max_new_tokens": SHARED["max_new_tokens"],
+    r = params["regime"]
+    # skip_no_signal off: TRL back-propagates an all-zero-advantage batch too (equal work)
+    overrides = {"method": "single", "policy": r["policy"], "budget": "pocket",
+                 "prompts_per_micro": r["prompts"], "grad_accum": 1,
+                 "group_size": r["group_size"], "max_new_tokens": r["max_new_tokens"],
                  "lora_r": SHARED["lora_r"], "beta": SHARED["beta"], "lr": SHARED["lr"],
-                 "dtype": "bfloat16"}
-    return run_steps({**params, "task": "gsm_symbolic", "overrides": overrides})
+                 "dtype": r["dtype"], "skip_no_signal": False}
+    return run_steps({**params, "task": r["task"], "overrides": overrides})
 
 
 def run_trl(params: dict[str, Any]) -> dict[str, Any]:
@@ -76,13 +88,16 @@ def run_trl(params: dict[str, Any]) -> dict[str, Any]:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from musketeers.cache.devices import resolve_dtype
     from musketeers.cache.experts import resolve_local
     from musketeers.cache.reader import read_items
     from musketeers.tasks import score
     from musketeers.teams import policy_spec
 
     threads = set_threads()
-    items = read_items(params["cache_dir"], "gsm_symbolic", "train")
+    r = params["regime"]
+    dtype = resolve_dtype(r["dtype"], "cpu")
+    items = read_items(params["cache_dir"], r["task"], "train")
     ds = Dataset.from_list([
         {"prompt": [{"role": "system", "content": it.system},
                     {"role": "user", "content": it.question}], "row": i}
@@ -103,18 +118,19 @@ def run_trl(params: dict[str, Any]) -> dict[str, Any]:
             self.times.append(time.perf_counter() - self.t0)
 
     steps = params["warmup"] + params["reps"]
-    n = SHARED["max_new_tokens"]
+    n = r["max_new_tokens"]
+    bf16 = dtype == torch.bfloat16
     args = GRPOConfig(
-        output_dir=str(Path(params["run_dir"])), use_cpu=True, bf16=True,
-        model_init_kwargs={"dtype": torch.bfloat16}, gradient_checkpointing=False,
-        per_device_train_batch_size=SHARED["prompts"] * SHARED["group_size"],
-        num_generations=SHARED["group_size"], max_completion_length=n,
+        output_dir=str(Path(params["run_dir"])), use_cpu=True, bf16=bf16,
+        model_init_kwargs={"dtype": dtype}, gradient_checkpointing=False,
+        per_device_train_batch_size=r["prompts"] * r["group_size"],
+        num_generations=r["group_size"], max_completion_length=n,
         generation_kwargs={"min_new_tokens": n}, temperature=1.0,
         learning_rate=SHARED["lr"], beta=SHARED["beta"], max_steps=steps, logging_steps=1,
         report_to="none", save_strategy="no", seed=0, dataloader_num_workers=0)
     timer = StepTimer()
     trainer = GRPOTrainer(
-        model=resolve_local(policy_spec(params["policy"])), reward_funcs=reward, args=args,
+        model=resolve_local(policy_spec(r["policy"])), reward_funcs=reward, args=args,
         train_dataset=ds, callbacks=[timer],
         peft_config=LoraConfig(r=SHARED["lora_r"], lora_alpha=16,
                                target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
@@ -126,23 +142,24 @@ def run_trl(params: dict[str, Any]) -> dict[str, Any]:
             "peak_rss_mib": peak_rss_mib(), "threads": threads}
 
 
-def write_items_store(cache_dir: Path, limit: int) -> None:
-    """An items-only gsm_symbolic store: all that ``single`` reads (no expert runs)."""
+def write_items_store(cache_dir: Path, task: str, limit: int) -> None:
+    """An items-only store of ``task``: all that ``single`` reads (no expert runs)."""
     from musketeers.cache.precompute import PrecomputeConfig, precompute_task
     from musketeers.tasks import build_items, task_spec
 
-    items = build_items("gsm_symbolic", "train", limit=limit)
-    precompute_task(cache_dir, "gsm_symbolic", task_spec("gsm_symbolic"), {"train": items}, [],
+    items = build_items(task, "train", limit=limit)
+    precompute_task(cache_dir, task, task_spec(task), {"train": items}, [],
                     PrecomputeConfig(router=False))
 
 
-def bench_trl(cache_dir: Path, run_root: Path, policy: str, reps: int, warmup: int
+def bench_trl(cache_dir: Path, run_root: Path, regime: str, reps: int, warmup: int
               ) -> dict[str, dict[str, Any]]:
     from musketeers.bench.machine import run_child
 
-    write_items_store(cache_dir, 64)
-    base = {"cache_dir": str(cache_dir), "policy": policy, "device": "cpu", "reps": reps,
-            "warmup": warmup}
+    r = REGIMES[regime]
+    write_items_store(cache_dir, r["task"], 64)
+    base = {"cache_dir": str(cache_dir), "regime": r, "policy": r["policy"], "device": "cpu",
+            "reps": reps, "warmup": warmup}
     # single, TRL, single again: the ratio takes the mean of the two ``single`` medians, so a
     # machine whose speed drifts steadily during the TRL run biases neither side
     out = {"single": run_child("single", {**base, "run_dir": str(run_root / "single")})}
