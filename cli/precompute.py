@@ -80,8 +80,9 @@ def info(task: Annotated[str | None, typer.Argument()] = None, cache_dir: CacheD
     import zarr
     from rich.table import Table
 
+    from musketeers.cache.layout import unit_arrays, unit_damage
     from musketeers.cache.progress import console as rich_console
-    from musketeers.cache.store import disk_size, unit_arrays, unit_damage
+    from musketeers.cache.store import disk_size
 
     console = rich_console()
     for path in _store_paths(task, cache_dir):
@@ -110,7 +111,7 @@ def info(task: Annotated[str | None, typer.Argument()] = None, cache_dir: CacheD
 def _units(root):
     """(split, items, kind, name, group or None when unreadable) for every expert and router
     group; damage is shown, not raised (``cache verify`` says what it is)."""
-    from musketeers.cache.store import Damaged, child, child_names
+    from musketeers.cache.zarrio import Damaged, child, child_names
 
     def members(g):
         for name in child_names(g):
@@ -141,7 +142,7 @@ def human_size(n_bytes: int) -> str:
 
 def _state(g, flag: str, attr: str) -> str:
     """``yes``, or ``NO (k/n chunks)`` so a user sees how far an interrupted run got."""
-    from musketeers.cache.store import done_flags
+    from musketeers.cache.layout import done_flags
 
     if g.attrs.get(attr):
         return "yes"
@@ -150,7 +151,7 @@ def _state(g, flag: str, attr: str) -> str:
 
 
 def _hints_state(g) -> str:
-    from musketeers.cache.store import HINTS_FLAG, hints_complete
+    from musketeers.cache.layout import HINTS_FLAG, hints_complete
 
     if "hints" not in g:
         return "-"

@@ -25,9 +25,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from musketeers.cache import layout
 from musketeers.cache import store as st
 from musketeers.cache.errors import UserError
 from musketeers.cache.items import items_fingerprint
+from musketeers.cache.zarrio import dense_writes
 from musketeers.config import TrainConfig, resolve_config
 from musketeers.planted_chat import CHAT_STEPS, chat_overrides
 
@@ -70,16 +72,16 @@ def write_planted_store(cache_dir: Path, *, n_train: int = 512, n_val: int = 128
     path = st.store_path(cache_dir, "planted")
     root = st.open_root(path, "planted", task_spec("planted"), force=True)
     # Every chunk written, zeros included: the reader takes an absent chunk for a lost one.
-    with st.dense_writes():
+    with dense_writes():
         for split, n in (("train", n_train), ("val", n_val)):
             items = build_items("planted", split, limit=n)
             sg = root.require_group(split)
-            st.write_items(sg, items, items_fingerprint(items), st.CHUNK_ROWS)
+            layout.write_items(sg, items, items_fingerprint(items), layout.CHUNK_ROWS)
             digits = np.array([int(it.answer) for it in items])
             for name, vec in planted_vectors(digits, seed, split).items():
                 g = sg.require_group(f"experts/{name}")
                 g.attrs.update({"complete": False})
-                st.create_expert_arrays(g, len(items), 1, DIM, st.CHUNK_ROWS, hints=False)
+                layout.create_expert_arrays(g, len(items), 1, DIM, layout.CHUNK_ROWS, hints=False)
                 for arr in ("last", "first", "random"):
                     g[arr][:] = vec
                 g["layers_last"][:] = np.stack([np.zeros_like(vec), vec], axis=1)

@@ -30,7 +30,8 @@ from musketeers import checkpoint as ckpt
 from musketeers import methods
 from musketeers.build import expert_names_for
 from musketeers.cache.errors import UserError
-from musketeers.cache.store import ROUTER_ENCODER, Lock, lock_path, store_path
+from musketeers.cache.layout import ROUTER_ENCODER
+from musketeers.cache.store import Lock, lock_path, store_path
 from musketeers.config import TrainConfig, read_run_config, save_config
 from musketeers.runlog import truncate_metrics
 

@@ -31,19 +31,21 @@ def fake_items(n: int) -> list[Item]:
 
 def write_store(cache_dir: Path, n: int, chunk_rows: int = 64) -> list[str]:
     """A complete ``train`` split of ``n`` rows with one ``last`` array per expert."""
+    from musketeers.cache import layout
     from musketeers.cache import store as st
+    from musketeers.cache.zarrio import dense_writes
 
     root = st.open_root(st.store_path(cache_dir, TASK), TASK, {"bench": True}, force=True)
     items = fake_items(n)
     sg = root.require_group("train")
-    st.write_items(sg, items, items_fingerprint(items), chunk_rows)
+    layout.write_items(sg, items, items_fingerprint(items), chunk_rows)
     rng = np.random.default_rng(1)
     for name, d in WIDTHS.items():
         g = sg.require_group(f"experts/{name}")
-        st.create_expert_arrays(g, n, 1, d, chunk_rows, hints=False)
+        layout.create_expert_arrays(g, n, 1, d, chunk_rows, hints=False)
         g["last"][:] = rng.standard_normal((n, d), dtype=np.float32)
-        with st.dense_writes():  # the reader refuses a group with absent chunks as damaged
-            for arr in st.EXPERT_ARRAYS:
+        with dense_writes():  # the reader refuses a group with absent chunks as damaged
+            for arr in layout.EXPERT_ARRAYS:
                 if arr != "last":
                     g[arr][:] = 0
         g["done"][:] = 1

@@ -10,7 +10,7 @@ from typing import Any
 
 from musketeers import methods
 from musketeers.cache.errors import UserError
-from musketeers.cache.store import SPLITS
+from musketeers.cache.layout import SPLITS
 from musketeers.config import TrainConfig
 from musketeers.features import cache_root
 from musketeers.reports.grid import Grid
@@ -94,7 +94,7 @@ def check_items(need: TaskNeed, root: Any, limit: int | None) -> None:
 def missing(need: TaskNeed, root: Any) -> tuple[list[str], list[str], bool]:
     """(experts absent/incomplete, experts lacking hints, router missing) in the task's store
     ``root`` (``open_task_store``; None: no store yet)."""
-    from musketeers.cache.store import ROUTER_ENCODER, hints_complete
+    from musketeers.cache.layout import ROUTER_ENCODER, hints_complete
 
     if root is None:
         return list(need.experts), [], need.router
