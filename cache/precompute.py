@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import zarr
 
+from musketeers.cache import layout
 from musketeers.cache import store as st
 from musketeers.cache.backbone import Backbone, forward_pool, length_batches, pad, want_compile
 from musketeers.cache.devices import resolve_device as resolve_device  # re-exported
@@ -42,6 +43,7 @@ from musketeers.cache.pooling import random_positions
 from musketeers.cache.progress import progress
 from musketeers.cache.prompts import render_prompt
 from musketeers.cache.verify import corrupt_chunks
+from musketeers.cache.zarrio import Damaged, child, chunk_range, dense_writes, require_container
 
 log = logging.getLogger("musketeers.precompute")
 Rebuild = Callable[..., str]  # (experts=None) -> the ``--force`` command that rebuilds
@@ -52,7 +54,7 @@ class PrecomputeConfig:
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
     batch_tokens: int = 8192
-    chunk_rows: int = st.CHUNK_ROWS
+    chunk_rows: int = layout.CHUNK_ROWS
     max_length: int = 4096
     hints: bool = False
     hint_tokens: int = 128
@@ -118,19 +120,19 @@ def compute_hints(model, tokenizer, items: list[Item], cfg: PrecomputeConfig) ->
 
 
 def run_chunks(g: zarr.Group, n: int, chunk_rows: int, dist: Dist, desc: str,
-               compute: Callable[[int, int], tuple[dict, int]], flag: str = "done") -> None:
+               compute: Callable[[int, int], tuple[dict, int]], flag: str = layout.DONE) -> None:
     """Compute this rank's unfinished chunks: arrays first, then the chunk's ``flag``."""
-    flags = st.done_flags(g, flag)
+    flags = layout.done_flags(g, flag)
     mine = dist.my_chunks(len(flags))
     todo = [c for c in mine if not flags[c]]
-    total = sum(np.subtract(*st.chunk_range(c, n, chunk_rows)[::-1]) for c in todo)
+    total = sum(np.subtract(*chunk_range(c, n, chunk_rows)[::-1]) for c in todo)
     with progress(desc, total=int(total)) as bar:
         for c in todo:
-            lo, hi = st.chunk_range(c, n, chunk_rows)
+            lo, hi = chunk_range(c, n, chunk_rows)
             arrays, tokens = compute(lo, hi)
             for name, values in arrays.items():
                 g[name][lo:hi] = values
-            g[flag][c] = 1
+            layout.set_done(g, c, flag)
             bar.advance(hi - lo, tokens=tokens)
 
 
@@ -138,14 +140,14 @@ def prepare_group(split: zarr.Group, path: str, fingerprint: dict, cfg: Precompu
                   rebuild: str, make: Callable[[zarr.Group], None]) -> bool:
     """Whether the group needs work. Creates it, refuses a fingerprint mismatch, or marks the
     chunks that ``verify`` finds corrupt or absent as not done so they are recomputed."""
-    kind, name = path.split("/")
-    parent = st.require_container(split, kind)
+    kind, name = path.rsplit("/", 1)  # a layout.expert_path or layout.router_path
+    parent = require_container(split, kind)
     try:
-        g = st.child(parent, name)
+        g = child(parent, name)
         # No fingerprint (killed while creating it), a lost or unreadable array: the group's
         # rows cannot be trusted, and recomputing it costs what resuming every chunk would.
-        damage = None if g is None or cfg.force else st.unit_damage(g)
-    except st.Damaged:
+        damage = None if g is None or cfg.force else layout.unit_damage(g)
+    except Damaged:
         g, damage = True, "unreadable metadata"
     if g is not None and (cfg.force or damage):
         if damage:
@@ -153,51 +155,39 @@ def prepare_group(split: zarr.Group, path: str, fingerprint: dict, cfg: Precompu
         del parent[name]
         g = None
     if g is not None:
-        if g.attrs.get("fingerprint") != fingerprint:
+        if layout.fingerprint(g) != fingerprint:
             raise UserError(f"{split.path}/{path} was built from other inputs; rebuild: {rebuild}")
-        return _reopen_bad(g, "done", "complete")
-    g = parent.require_group(name)
-    g.attrs.update({"complete": False, "fingerprint": None})
-    make(g)
-    g.attrs.update({"fingerprint": fingerprint})
+        return _reopen_bad(g, layout.DONE)
+    layout.create_unit(parent, name, fingerprint, make)
     return True
 
 
 def prepare_hints(g: zarr.Group) -> bool:
     """Whether the expert's hints need work. Hints are their own resumable unit (``hints``,
-    ``hints_done`` flags, ``hints_complete``), so adding them to a complete expert runs only
-    generation. ``hints_done`` is created before ``hints``: a bare ``hints`` array means a
-    store from before hints had their own flags, when ``done`` covered them."""
-    n, rows = g["n_tokens"].shape[0], g["n_tokens"].chunks[0]
-    if st.HINTS_FLAG not in g:
-        legacy = "hints" in g
-        st.create_done(g, n, rows, st.HINTS_FLAG)
-        if legacy:
-            g[st.HINTS_FLAG][:] = st.done_flags(g)
-            g.attrs["hints_complete"] = bool(g.attrs.get("complete"))
-    if "hints" not in g:
-        st.create_array(g, "hints", (n,), str, rows)
-    return _reopen_bad(g, st.HINTS_FLAG, "hints_complete")
+    ``hints_done`` flags, ``hints_complete``: ``layout.add_hints``), so adding them to a
+    complete expert runs only generation."""
+    layout.add_hints(g)
+    return _reopen_bad(g, layout.HINTS_FLAG)
 
 
-def _reopen_bad(g: zarr.Group, flag: str, attr: str) -> bool:
+def _reopen_bad(g: zarr.Group, flag: str) -> bool:
     """Clear the flags of corrupt chunks of the unit ``flag`` guards; whether work remains."""
     bad = corrupt_chunks(g, flag=flag)
-    if g.attrs.get(attr) and not bad:
+    if layout.is_complete(g, flag) and not bad:
         return False
     for c in sorted(bad):
-        g[flag][c] = 0
+        layout.set_done(g, c, flag, done=False)
     if bad:
         log.warning("%s: recomputing %s chunks %s", g.path, flag, sorted(bad))
-    g.attrs[attr] = False
+    layout.mark_complete(g, flag, False)
     return True
 
 
-def finish(g: zarr.Group, dist: Dist, flag: str = "done", attr: str = "complete") -> None:
+def finish(g: zarr.Group, dist: Dist, flag: str = layout.DONE) -> None:
     """After every rank's chunks: rank 0 marks the unit complete if every flag is set."""
     dist.barrier()
-    if dist.rank == 0 and st.done_flags(g, flag).all():
-        g.attrs[attr] = True
+    if dist.rank == 0 and layout.done_flags(g, flag).all():
+        layout.mark_complete(g, flag)
     dist.barrier()
 
 
@@ -208,24 +198,24 @@ def write_split_items(root: zarr.Group, split: str, items: list[Item], task: str
     fp = items_fingerprint(items)
 
     def write() -> None:
-        sg = st.require_container(root, split)
+        sg = require_container(root, split)
         try:
-            g = st.child(sg, "items")
-            damaged = g is not None and st.unit_damage(g) is not None
-        except st.Damaged:
+            g = layout.items_group(sg)
+            damaged = g is not None and layout.unit_damage(g) is not None
+        except Damaged:
             g, damaged = None, True
         if damaged:
             log.warning("%s/%s/items: damaged; rewriting them", task, split)
-            del sg["items"]
-        state = None if damaged else st.items_ready(sg, fp)
+            del sg[layout.ITEMS]
+        state = None if damaged else layout.items_ready(sg, fp)
         if state is False and not cfg.force:
             raise UserError(f"{task}/{split} holds other items (another --limit or task "
                             f"version); rebuild: {rebuild()}")
         if state is False:
             del root[split]
             sg = root.require_group(split)
-        if state is not True or corrupt_chunks(sg["items"], arrays=st.ITEM_FIELDS):
-            st.write_items(sg, items, fp, cfg.chunk_rows)
+        if state is not True or corrupt_chunks(sg[layout.ITEMS], arrays=layout.ITEM_FIELDS):
+            layout.write_items(sg, items, fp, cfg.chunk_rows)
 
     dist.on_rank0(write)
 
@@ -233,7 +223,7 @@ def write_split_items(root: zarr.Group, split: str, items: list[Item], task: str
 def expert_fingerprint(spec: ExpertSpec, model, tokenizer, cfg: PrecomputeConfig,
                        items_fp: str) -> dict:
     return {
-        "format_version": st.FORMAT_VERSION,
+        "format_version": layout.FORMAT_VERSION,
         "expert": {"name": spec.name, "kind": spec.kind, "ref": spec.ref, "file": spec.file},
         "weights_sha256": model.musketeers_sha256,
         "tokenizer": tokenizer_fingerprint(tokenizer),
@@ -258,11 +248,10 @@ def precompute_expert(root: zarr.Group, splits: dict[str, list[Item]], spec: Exp
         fp = expert_fingerprint(spec, model, tokenizer, cfg, items_fingerprint(items))
 
         def make(g, n=len(items)):
-            st.create_expert_arrays(g, n, n_layers, d, cfg.chunk_rows, hints=False)
-            g.attrs.update({"n_layers": n_layers, "d": d,
-                            "dtype": str(cfg.dtype).removeprefix("torch.")})
+            layout.make_expert(g, n, n_layers=n_layers, d=d, chunk_rows=cfg.chunk_rows,
+                               dtype=str(cfg.dtype).removeprefix("torch."))
 
-        g, work = _prepare(sg, f"experts/{spec.name}", fp, cfg, fix, make, dist)
+        g, work = _prepare(sg, layout.expert_path(spec.name), fp, cfg, fix, make, dist)
         desc = f"{task}/{split} {spec.name}"
         if work:
             def compute(lo, hi, items=items):
@@ -279,8 +268,8 @@ def precompute_expert(root: zarr.Group, splits: dict[str, list[Item]], spec: Exp
 
             g = zarr.open_group(g.store, path=g.path, mode="r+")  # sees rank 0's new arrays
             run_chunks(g, len(items), cfg.chunk_rows, dist, f"{desc} hints", hints,
-                       flag=st.HINTS_FLAG)
-            finish(g, dist, st.HINTS_FLAG, "hints_complete")
+                       flag=layout.HINTS_FLAG)
+            finish(g, dist, layout.HINTS_FLAG)
 
 
 def _prepare(sg, path, fp, cfg, rebuild, make, dist: Dist):
@@ -295,15 +284,13 @@ def precompute_router(root: zarr.Group, splits: dict[str, list[Item]], task: str
 
     model, tokenizer = router.load_encoder(cfg.device)
     for split, items in splits.items():
-        fp = {"encoder": st.ROUTER_ENCODER, "items_fingerprint": items_fingerprint(items),
-              "format_version": st.FORMAT_VERSION}
+        fp = {"encoder": layout.ROUTER_ENCODER, "items_fingerprint": items_fingerprint(items),
+              "format_version": layout.FORMAT_VERSION}
 
         def make(g, n=len(items)):
-            st.create_array(g, "emb", (n, router.DIM), "float32", cfg.chunk_rows)
-            st.create_done(g, n, cfg.chunk_rows)
+            layout.make_router(g, n, router.DIM, cfg.chunk_rows)
 
-        g, work = _prepare(root[split], f"router/{st.ROUTER_ENCODER}", fp, cfg,
-                           rebuild(), make, dist)
+        g, work = _prepare(root[split], layout.router_path(), fp, cfg, rebuild(), make, dist)
         if not work:
             continue
 
@@ -341,7 +328,7 @@ def precompute_task(cache_dir: str | Path, task: str, task_spec: dict,
     lock = st.Lock(st.lock_path(path))
     dist.on_rank0(lock.acquire)
     try:
-        with st.dense_writes():
+        with dense_writes():
             _fill(path, task, task_spec, splits, specs, cfg, dist, rebuild)
     except OSError as exc:
         if exc.errno != errno.ENOSPC:

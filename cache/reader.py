@@ -6,14 +6,17 @@ naming the ``musketeers precompute`` command that fixes it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import zarr
 
+from musketeers.cache import layout
 from musketeers.cache import store as st
 from musketeers.cache.errors import UserError
 from musketeers.cache.items import Item
+from musketeers.cache.zarrio import Damaged, child, missing_chunks, one_line
 
 POOLINGS = ("last", "first_token", "random_token", "first_layer", "random_layer", "mean")
 
@@ -40,9 +43,9 @@ def open_store(cache_dir: str | Path, task: str, experts: list[str] | None = Non
     try:
         root = zarr.open_group(path, mode="r")
     except Exception as exc:  # noqa: BLE001
-        raise UserError(f"{path} is not a readable store ({st.one_line(exc)}); run: "
+        raise UserError(f"{path} is not a readable store ({one_line(exc)}); run: "
                         f"{_fix(cache_dir, task, names, force=True, hints=hints)}") from None
-    if root.attrs.get("format_version") != st.FORMAT_VERSION:
+    if layout.format_version(root) != layout.FORMAT_VERSION:
         raise UserError(f"{path} has another format version; run: "
                         f"{_fix(cache_dir, task, names, force=True, hints=hints)}")
     return root
@@ -58,11 +61,11 @@ def _sound(g: zarr.Group, cache_dir: str | Path, task: str, experts: str | None 
            chunks: bool = True) -> zarr.Group:
     """``g`` if its structure is whole and (``chunks``) every chunk file of its arrays exists:
     a cheap listing, not a decode (decode errors surface in ``_read``)."""
-    damage = st.unit_damage(g)
+    damage = layout.unit_damage(g)
     if damage is None and chunks:
-        for name in st.required_arrays(g):
-            gone = st.missing_chunks(g[name])
-            if gone and name != "done":
+        for name in layout.required_arrays(g):
+            gone = missing_chunks(g[name])
+            if gone and name not in layout.FLAGS:
                 damage = f"array {name} lost chunk {gone[0]}"
                 break
     if damage:
@@ -70,18 +73,19 @@ def _sound(g: zarr.Group, cache_dir: str | Path, task: str, experts: str | None 
     return g
 
 
-def _member(g: zarr.Group, name: str, cache_dir: str | Path, task: str,
+def _member(get: Callable[[], zarr.Group | None], cache_dir: str | Path, task: str,
             experts: str | None = None) -> zarr.Group | None:
+    """``get()``: a group of the store, None when absent; a UserError when it is unreadable."""
     try:
-        return st.child(g, name)
-    except st.Damaged as exc:
+        return get()
+    except Damaged as exc:
         raise _damaged(cache_dir, task, exc.where, "unreadable metadata", experts) from None
 
 
 def _split(root: zarr.Group, cache_dir: str | Path, task: str, split: str) -> zarr.Group:
-    sg = _member(root, split, cache_dir, task)
-    items = _member(sg, "items", cache_dir, task) if sg is not None else None
-    if items is None or items.attrs.get("items_fingerprint") is None:
+    sg = _member(lambda: child(root, split), cache_dir, task)
+    items = _member(lambda: layout.items_group(sg), cache_dir, task) if sg is not None else None
+    if layout.stored_items_fingerprint(items) is None:
         raise UserError(f"store {task} has no {split!r} split; run: {_fix(cache_dir, task)}")
     return sg
 
@@ -98,16 +102,16 @@ def _read(arr: zarr.Array, cache_dir: str | Path, task: str, what: str,
 
 
 def read_items(cache_dir: str | Path, task: str, split: str) -> list[Item]:
-    g = _sound(_split(open_store(cache_dir, task), cache_dir, task, split)["items"],
+    g = _sound(layout.items_group(_split(open_store(cache_dir, task), cache_dir, task, split)),
                cache_dir, task)
-    n = int(g.attrs["n"])
+    n = layout.item_count(g) or 0
     if n == 0:
         raise UserError(f"store {task} holds no {split} items; rebuild it with items: "
                         f"{_fix(cache_dir, task, force=True)}")
-    cols = {f: _read(g[f], cache_dir, task, f"{split}/items/{f}") for f in st.ITEM_FIELDS}
+    cols = {f: _read(g[f], cache_dir, task, f"{g.path}/{f}") for f in layout.ITEM_FIELDS}
     return [
         Item(**{f: (str(cols[f][i]) or None) if f == "answer" else str(cols[f][i])
-                for f in st.ITEM_FIELDS})
+                for f in layout.ITEM_FIELDS})
         for i in range(n)
     ]
 
@@ -115,13 +119,12 @@ def read_items(cache_dir: str | Path, task: str, split: str) -> list[Item]:
 def _expert_group(root: zarr.Group, cache_dir: str | Path, task: str, split: str,
                   expert: str) -> zarr.Group:
     sg = _split(root, cache_dir, task, split)
-    experts = _member(sg, "experts", cache_dir, task, expert)
-    g = _member(experts, expert, cache_dir, task, expert) if experts is not None else None
+    g = _member(lambda: layout.expert_group(sg, expert), cache_dir, task, expert)
     if g is None:
         raise UserError(f"expert {expert!r} is not cached for {task}/{split}; run: "
                         f"{_fix(cache_dir, task, expert)}")
     arg = _expert_arg(g, expert)
-    if g.attrs.get("fingerprint") is not None and not g.attrs.get("complete"):
+    if layout.fingerprint(g) is not None and not layout.is_complete(g):
         raise UserError(f"expert {expert!r} is incomplete in {task}/{split}; run: "
                         f"{_fix(cache_dir, task, arg)}")
     return _sound(g, cache_dir, task, arg)
@@ -129,8 +132,7 @@ def _expert_group(root: zarr.Group, cache_dir: str | Path, task: str, split: str
 
 def _expert_arg(g: zarr.Group, expert: str) -> str:
     """``--experts`` value that recomputes this group (a folder's path, a hub id, a name)."""
-    spec = (g.attrs.get("fingerprint") or {}).get("expert") or {}
-    return st.expert_arg(expert, spec.get("kind"), spec.get("ref"))
+    return st.expert_arg(expert, *layout.expert_ref(g))
 
 
 def random_layers(n: int, n_layers: int, seed: int, expert_index: int) -> np.ndarray:
@@ -181,11 +183,10 @@ def read_vectors(cache_dir: str | Path, task: str, split: str, experts: list[str
 
 
 def read_router(cache_dir: str | Path, task: str, split: str,
-                encoder: str = st.ROUTER_ENCODER) -> np.ndarray:
+                encoder: str = layout.ROUTER_ENCODER) -> np.ndarray:
     sg = _split(open_store(cache_dir, task), cache_dir, task, split)
-    router = _member(sg, "router", cache_dir, task)
-    g = _member(router, encoder, cache_dir, task) if router is not None else None
-    if g is None or not g.attrs.get("complete"):
+    g = _member(lambda: layout.router_group(sg, encoder), cache_dir, task)
+    if not layout.is_complete(g):
         raise UserError(f"router embeddings ({encoder}) missing or incomplete for "
                         f"{task}/{split}; run: {_fix(cache_dir, task)}")
     g = _sound(g, cache_dir, task)
@@ -200,10 +201,11 @@ def read_hints(cache_dir: str | Path, task: str, split: str,
     for e in experts:
         g = _expert_group(root, cache_dir, task, split, e)
         arg = _expert_arg(g, e)
-        if not st.hints_complete(g):
+        if not layout.hints_complete(g):
             raise UserError(f"expert {e!r} has no complete hints for {task}/{split}; run: "
                             f"{_fix(cache_dir, task, arg, hints=True)}")
-        if st.missing_chunks(g["hints"]):
-            raise _damaged(cache_dir, task, f"{g.path}/hints", "lost chunks", arg, hints=True)
-        cols.append(_read(g["hints"], cache_dir, task, f"{g.path}/hints", arg))
+        hints = g[layout.HINTS]
+        if missing_chunks(hints):
+            raise _damaged(cache_dir, task, hints.path, "lost chunks", arg, hints=True)
+        cols.append(_read(hints, cache_dir, task, hints.path, arg))
     return [[str(c[i]) for c in cols] for i in range(len(cols[0]) if cols else 0)]

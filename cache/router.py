@@ -12,7 +12,7 @@ import torch
 
 from musketeers.cache.errors import UserError
 
-DIM = 384  # the encoder is store.ROUTER_ENCODER, the name of its group in a store
+DIM = 384  # the encoder is layout.ROUTER_ENCODER, the name of its group in a store
 
 
 def encoder_path():

@@ -7,7 +7,16 @@ from pathlib import Path
 
 import zarr
 
-from musketeers.cache import store as st
+from musketeers.cache import layout
+from musketeers.cache.zarrio import (
+    Damaged,
+    child,
+    child_names,
+    chunk_range,
+    missing_chunks,
+    n_chunks,
+    one_line,
+)
 
 
 @dataclass(frozen=True)
@@ -27,8 +36,8 @@ def bad_chunks(arr: zarr.Array) -> list[int]:
     """Row-chunk indices of ``arr`` whose bytes fail to decode (checksum or codec error) or
     whose file is absent (zarr would read it as zeros)."""
     rows = _chunk_rows(arr)
-    bad = set(st.missing_chunks(arr))
-    for c in range(st.n_chunks(arr.shape[0], rows)):
+    bad = set(missing_chunks(arr))
+    for c in range(n_chunks(arr.shape[0], rows)):
         if c in bad:
             continue
         try:
@@ -39,12 +48,12 @@ def bad_chunks(arr: zarr.Array) -> list[int]:
 
 
 def corrupt_chunks(g: zarr.Group, arrays: tuple[str, ...] | None = None,
-                   flag: str = "done") -> set[int]:
+                   flag: str = layout.DONE) -> set[int]:
     """Chunks of a group with any unreadable or absent array chunk of the unit ``flag`` guards;
     only finished chunks count for progress-tracked groups, since unfinished ones are
     recomputed anyway."""
-    names = arrays or st.unit_arrays(g, flag)
-    flags = st.done_flags(g, flag) if flag in g else None
+    names = arrays or layout.unit_arrays(g, flag)
+    flags = layout.done_flags(g, flag) if flag in g else None
     bad: set[int] = set()
     for name in names:
         if name in g:
@@ -53,35 +62,32 @@ def corrupt_chunks(g: zarr.Group, arrays: tuple[str, ...] | None = None,
 
 
 def verify_group(g: zarr.Group, progress_tracked: bool) -> list[Problem]:
-    damage = st.unit_damage(g)
+    damage = layout.unit_damage(g)
     if damage:
         return [Problem(g.path, damage)]
     if not progress_tracked:
-        return _verify_unit(g, tuple(sorted(g.array_keys())), None, None)
-    problems = _verify_unit(g, st.unit_arrays(g), "done", "complete")
-    if st.HINTS_FLAG in g:
-        problems += _verify_unit(g, ("hints",), st.HINTS_FLAG, "hints_complete")
-    return problems
+        return _verify_unit(g, tuple(sorted(g.array_keys())), None)
+    return [p for flag in layout.unit_flags(g)
+            for p in _verify_unit(g, layout.unit_arrays(g, flag), flag)]
 
 
-def _verify_unit(g: zarr.Group, names: tuple[str, ...], flag: str | None,
-                 attr: str | None) -> list[Problem]:
+def _verify_unit(g: zarr.Group, names: tuple[str, ...], flag: str | None) -> list[Problem]:
     """Corrupt or absent finished chunks of ``names``, and the unit's completeness when ``flag``
     tracks it."""
     problems = []
-    flags = st.done_flags(g, flag) if flag else None
+    flags = layout.done_flags(g, flag) if flag else None
     for name in sorted(n for n in names if n in g):
         arr = g[name]
         rows = _chunk_rows(arr)
-        missing = set(st.missing_chunks(arr))
+        missing = set(missing_chunks(arr))
         for c in bad_chunks(arr):
             if flags is not None and not flags[c]:
                 continue
-            lo, hi = st.chunk_range(c, arr.shape[0], rows)
+            lo, hi = chunk_range(c, arr.shape[0], rows)
             what = "missing" if c in missing else "corrupt"
             problems.append(Problem(f"{g.path}/{name}", f"{what} chunk {c}, rows {lo}:{hi}"))
-    if flag and not g.attrs.get(attr):
-        what = "hints incomplete" if flag == st.HINTS_FLAG else "incomplete"
+    if flag and not layout.is_complete(g, flag):
+        what = "hints incomplete" if flag == layout.HINTS_FLAG else "incomplete"
         problems.append(Problem(g.path, f"{what} ({int(flags.sum())}/{len(flags)} chunks done)"))
     return problems
 
@@ -89,10 +95,10 @@ def _verify_unit(g: zarr.Group, names: tuple[str, ...], flag: str | None,
 def _members(g: zarr.Group, problems: list[Problem]) -> list[zarr.Group]:
     """The readable member groups of ``g``; each unreadable one becomes a problem."""
     out = []
-    for name in st.child_names(g):
+    for name in child_names(g):
         try:
-            out.append(st.child(g, name))
-        except st.Damaged as exc:
+            out.append(child(g, name))
+        except Damaged as exc:
             problems.append(Problem(exc.where, "unreadable metadata"))
     return out
 
@@ -104,17 +110,17 @@ def verify_store(path: Path) -> list[Problem]:
     try:
         root = zarr.open_group(path, mode="r")
     except Exception as exc:  # noqa: BLE001
-        return [Problem(str(path), f"not a readable store ({st.one_line(exc)})")]
+        return [Problem(str(path), f"not a readable store ({one_line(exc)})")]
     problems: list[Problem] = []
     for sg in _members(root, problems):
-        if "items" not in st.child_names(sg):
+        if layout.ITEMS not in child_names(sg):
             problems.append(Problem(sg.path, "missing items"))
         for g in _members(sg, problems):
-            if g.basename == "items":
+            if g.basename == layout.ITEMS:
                 problems += verify_group(g, progress_tracked=False)
-                if not st.unit_damage(g) and g.attrs.get("items_fingerprint") is None:
+                if not layout.unit_damage(g) and layout.stored_items_fingerprint(g) is None:
                     problems.append(Problem(g.path, "items were never finished"))
-            elif g.basename in ("experts", "router"):
+            elif g.basename in (layout.EXPERTS, layout.ROUTER):
                 for unit in _members(g, problems):
                     problems += verify_group(unit, progress_tracked=True)
     if any(p.name.endswith(".partial") for p in path.rglob("*.partial")):

@@ -77,58 +77,41 @@ def _store_paths(task: str | None, cache_dir: Path | None) -> list[Path]:
 @cache_app.command("info")
 def info(task: Annotated[str | None, typer.Argument()] = None, cache_dir: CacheDirOpt = None):
     """What each store holds: splits, items, experts, poolings, dtype, size, completeness."""
-    import zarr
     from rich.table import Table
 
+    from musketeers.cache.describe import describe
     from musketeers.cache.progress import console as rich_console
-    from musketeers.cache.store import disk_size, unit_arrays, unit_damage
+    from musketeers.cache.store import disk_size
+    from musketeers.cache.zarrio import Damaged
 
     console = rich_console()
     for path in _store_paths(task, cache_dir):
         try:
-            root = zarr.open_group(path, mode="r")
-        except Exception:  # noqa: BLE001 - empty folder, unreadable root zarr.json
+            store = describe(path)
+        except Damaged:  # empty folder, unreadable root zarr.json
             typer.echo(f"{path}: not a readable store; run: musketeers cache verify "
                        f"{path.name.removesuffix('.zarr')}")
             continue
         table = Table(title=f"{path} ({human_size(disk_size(path))}, "
-                            f"format {root.attrs.get('format_version')})")
+                            f"format {store.format_version})")
         for col in ("split", "items", "group", "d", "layers", "dtype", "arrays", "complete",
                     "hints", "truncated"):
             table.add_column(col)
-        for split, n, kind, name, g in _units(root):
-            if g is None or unit_damage(g):
-                table.add_row(split, n, f"{kind}/{name}", *["-"] * 4, "DAMAGED", "-", "-")
+        for u in store.units:
+            n = store.items.get(u.split, "?")
+            items = "-" if n is None else str(n)
+            if u.state == "damaged":
+                table.add_row(u.split, items, f"{u.kind}/{u.name}", *["-"] * 4, "DAMAGED", "-",
+                              "-")
                 continue
-            table.add_row(split, n, f"{kind}/{name}", str(g.attrs.get("d", "-")),
-                          str(g.attrs.get("n_layers", "-")), str(g.attrs.get("dtype", "-")),
-                          ",".join(k for k in sorted(unit_arrays(g)) if k != "hints"),
-                          _state(g, "done", "complete"), _hints_state(g), _truncated(g))
+            table.add_row(u.split, items, f"{u.kind}/{u.name}", _attr(u.d), _attr(u.n_layers),
+                          _attr(u.dtype), ",".join(u.arrays), _state(u.rows), _state(u.hints),
+                          _truncated(u.truncated))
         console.print(table)
 
 
-def _units(root):
-    """(split, items, kind, name, group or None when unreadable) for every expert and router
-    group; damage is shown, not raised (``cache verify`` says what it is)."""
-    from musketeers.cache.store import Damaged, child, child_names
-
-    def members(g):
-        for name in child_names(g):
-            try:
-                yield name, child(g, name)
-            except Damaged:
-                yield name, None
-
-    for split, sg in members(root):
-        if sg is None:
-            yield split, "?", "?", "?", None
-            continue
-        items = dict(members(sg)).get("items")
-        n = str(items.attrs.get("n", "?")) if items is not None else "-"
-        for kind, kg in members(sg):
-            if kind in ("experts", "router"):
-                for name, g in members(kg) if kg is not None else [("?", None)]:
-                    yield split, n, kind, name, g
+def _attr(value) -> str:
+    return "-" if value is None else str(value)
 
 
 def human_size(n_bytes: int) -> str:
@@ -139,31 +122,21 @@ def human_size(n_bytes: int) -> str:
     raise AssertionError
 
 
-def _state(g, flag: str, attr: str) -> str:
-    """``yes``, or ``NO (k/n chunks)`` so a user sees how far an interrupted run got."""
-    from musketeers.cache.store import done_flags
-
-    if g.attrs.get(attr):
+def _state(progress) -> str:
+    """``yes``, or ``NO (k/n chunks)`` so a user sees how far an interrupted run got; ``-``
+    where there is nothing (no hints)."""
+    if progress is None:
+        return "-"
+    if progress.complete:
         return "yes"
-    flags = done_flags(g, flag)
-    return f"NO ({int(flags.sum())}/{len(flags)} chunks)"
+    return "NO" if progress.done is None else f"NO ({progress.done}/{progress.chunks} chunks)"
 
 
-def _hints_state(g) -> str:
-    from musketeers.cache.store import HINTS_FLAG, hints_complete
-
-    if "hints" not in g:
-        return "-"
-    if HINTS_FLAG in g:
-        return _state(g, HINTS_FLAG, "hints_complete")
-    return "yes" if hints_complete(g) else "NO"
-
-
-def _truncated(g) -> str:
+def _truncated(truncated: tuple[int, int] | None) -> str:
     """Prompts cut to the expert's context (kept their last tokens), out of the rows stored."""
-    if "truncated" not in g:
+    if truncated is None:
         return "-"
-    cut, n = int(g["truncated"][:].sum()), g["truncated"].shape[0]
+    cut, n = truncated
     return f"{cut}/{n}" + (f" ({100 * cut / n:.0f}%)" if cut else "")
 
 
@@ -188,28 +161,27 @@ def verify(task: Annotated[str | None, typer.Argument()] = None, cache_dir: Cach
 def repair_command(path: Path, problems: list, cache_dir: Path) -> str:
     """The precompute that repairs ``problems``: it recomputes exactly the damaged experts
     (``--force`` only where the root itself is unreadable, which loses the task spec)."""
+    from musketeers.cache.layout import expert_at
     from musketeers.cache.store import expert_arg, precompute_command, store_limit, stored_experts
 
     task = path.name.removesuffix(".zarr")
     root_bad = any(p.where == str(path) and "partial" not in p.message for p in problems)
     experts = []
     for p in problems:
-        parts = p.where.split("/")
-        if len(parts) >= 3 and parts[1] == "experts":
-            experts.append(expert_arg(parts[2], *_expert_ref(path, "/".join(parts[:3]))))
+        if (at := expert_at(p.where)) is not None:
+            experts.append(expert_arg(at[1], *_expert_ref(path, *at)))
     stored, hints = stored_experts(path)
     names = ",".join(dict.fromkeys(experts)) or stored
     return precompute_command(task, names, cache_dir, force=root_bad, limit=store_limit(path),
                               hints=hints)
 
 
-def _expert_ref(path: Path, group: str) -> tuple[str | None, str | None]:
+def _expert_ref(path: Path, split: str, name: str) -> tuple[str | None, str | None]:
     """(kind, ref) of an expert group from its fingerprint; (None, None) if unreadable."""
-    import zarr
+    from musketeers.cache import layout
 
     try:
-        spec = zarr.open_group(path, path=group, mode="r").attrs["fingerprint"]["expert"]
-        return spec["kind"], spec["ref"]
+        return layout.expert_ref(layout.open_part(path, split, layout.expert_path(name)))
     except Exception:  # noqa: BLE001 - damaged group: its name is all there is
         return None, None
 

@@ -1,7 +1,7 @@
 """The planted-expert check: RLVR must learn to route to the one expert that knows the answer.
 
 Task ``planted`` (musketeers.tasks): every prompt asks for a secret digit that the prompt does
-not contain. A synthetic store, written with the cache's own store writer, gives three
+not contain. A synthetic store, written with the cache's own writer (``layout``), gives three
 "experts": ``oracle`` whose cached vector is a fixed random code of the digit plus noise, and
 two experts of pure noise. A tiny random llama policy whose word-level vocabulary makes each
 answer ``<answer>d</answer>`` one token (one new token per completion, so chance is 1/10) is
@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from musketeers.cache import layout
 from musketeers.cache import store as st
 from musketeers.cache.errors import UserError
 from musketeers.cache.items import items_fingerprint
@@ -69,26 +70,18 @@ def write_planted_store(cache_dir: Path, *, n_train: int = 512, n_val: int = 128
     cache_dir = st.check_cache_dir(cache_dir)
     path = st.store_path(cache_dir, "planted")
     root = st.open_root(path, "planted", task_spec("planted"), force=True)
-    # Every chunk written, zeros included: the reader takes an absent chunk for a lost one.
-    with st.dense_writes():
-        for split, n in (("train", n_train), ("val", n_val)):
-            items = build_items("planted", split, limit=n)
-            sg = root.require_group(split)
-            st.write_items(sg, items, items_fingerprint(items), st.CHUNK_ROWS)
-            digits = np.array([int(it.answer) for it in items])
-            for name, vec in planted_vectors(digits, seed, split).items():
-                g = sg.require_group(f"experts/{name}")
-                g.attrs.update({"complete": False})
-                st.create_expert_arrays(g, len(items), 1, DIM, st.CHUNK_ROWS, hints=False)
-                for arr in ("last", "first", "random"):
-                    g[arr][:] = vec
-                g["layers_last"][:] = np.stack([np.zeros_like(vec), vec], axis=1)
-                g["layers_mean"][:] = np.stack([np.zeros_like(vec), vec], axis=1)
-                for arr in ("n_tokens", "random_pos", "truncated"):  # no prompts: zeros
-                    g[arr][:] = 0
-                g["done"][:] = 1
-                g.attrs.update({"fingerprint": {"planted": name, "seed": seed}, "complete": True,
-                                "n_layers": 1, "d": DIM, "dtype": "float32"})
+    for split, n in (("train", n_train), ("val", n_val)):
+        items = build_items("planted", split, limit=n)
+        sg = root.require_group(split)
+        layout.write_items(sg, items, items_fingerprint(items), layout.CHUNK_ROWS)
+        digits = np.array([int(it.answer) for it in items])
+        for name, vec in planted_vectors(digits, seed, split).items():
+            layers = np.stack([np.zeros_like(vec), vec], axis=1)  # L = 1: embeddings, then vec
+            # no prompts: n_tokens, random_pos and truncated stay zeros
+            layout.write_expert(sg, name, {"last": vec, "first": vec, "random": vec,
+                                           "layers_last": layers, "layers_mean": layers},
+                                fingerprint={"planted": name, "seed": seed}, n_layers=1, d=DIM,
+                                dtype="float32")
     write_team_file(cache_dir)
     return path
 

@@ -29,8 +29,9 @@ import zarr
 from musketeers import checkpoint as ckpt
 from musketeers import methods
 from musketeers.build import expert_names_for
+from musketeers.cache import layout
 from musketeers.cache.errors import UserError
-from musketeers.cache.store import ROUTER_ENCODER, Lock, lock_path, store_path
+from musketeers.cache.store import Lock, lock_path, store_path
 from musketeers.config import TrainConfig, read_run_config, save_config
 from musketeers.runlog import truncate_metrics
 
@@ -91,17 +92,14 @@ def store_fingerprints(cfg: TrainConfig, experts: list[str]) -> dict[str, Any]:
     if "router" in methods.get(cfg.method).reads:  # the registry says, not a method's name
         found["router"] = None
     try:
-        split = zarr.open_group(path, mode="r")[SPLIT]
+        root = zarr.open_group(path, mode="r")
     except Exception:  # noqa: BLE001 - absent or unreadable: the reader names the fix later
         return found
-    with contextlib.suppress(KeyError):
-        found["items"] = split["items"].attrs.get("items_fingerprint")
+    found["items"] = layout.stored_items_fingerprint(layout.find_items(root, SPLIT))
     for name in experts:
-        with contextlib.suppress(KeyError):
-            found["experts"][name] = split["experts"][name].attrs.get("fingerprint")
+        found["experts"][name] = layout.fingerprint(layout.find_expert(root, SPLIT, name))
     if "router" in found:
-        with contextlib.suppress(KeyError):
-            found["router"] = split["router"][ROUTER_ENCODER].attrs.get("fingerprint")
+        found["router"] = layout.fingerprint(layout.find_router(root, SPLIT))
     return found
 
 

@@ -15,7 +15,7 @@ import pytest
 import zarr
 from conftest import SHARED_GSM8K, make_items, tiny_specs
 
-from musketeers.cache import store as st
+from musketeers.cache import layout
 from musketeers.cache.precompute import PrecomputeConfig, precompute_task
 from musketeers.cache.reader import read_hints
 from musketeers.cache.verify import verify_store
@@ -78,8 +78,8 @@ def test_hints_on_a_complete_expert_compute_only_hints(tmp_path, monkeypatch):
     cfg = PrecomputeConfig(chunk_rows=2, batch_tokens=128, router=False, hint_tokens=2)
     precompute_task(tmp_path / "a", "toy", {}, items, [spec], cfg)
     g = zarr.open_group(tmp_path / "a/toy.zarr/train/experts/tiny-llama", mode="r")
-    before = {k: g[k][:] for k in st.unit_arrays(g)}
-    assert "hints" not in g and not st.hints_complete(g)
+    before = {k: g[k][:] for k in layout.unit_arrays(g)}
+    assert "hints" not in g and not layout.hints_complete(g)
 
     calls = {"rows": 0, "hints": 0}
     real_rows, real_hints = pc.compute_rows, pc.compute_hints
@@ -97,7 +97,7 @@ def test_hints_on_a_complete_expert_compute_only_hints(tmp_path, monkeypatch):
     precompute_task(tmp_path / "a", "toy", {}, items, [spec], hinted)
     assert calls == {"rows": 0, "hints": 3}  # 3 chunks of hints, no pooling recomputed
     g = zarr.open_group(tmp_path / "a/toy.zarr/train/experts/tiny-llama", mode="r")
-    assert g.attrs["complete"] and st.hints_complete(g)
+    assert g.attrs["complete"] and layout.hints_complete(g)
     for k, v in before.items():
         assert np.array_equal(g[k][:], v), k
 
@@ -124,7 +124,7 @@ def test_unfinished_hints_are_refused_and_reported(tmp_path):
                            hints=True)
     precompute_task(tmp_path, "toy", {}, items, [tiny_specs()[0]], cfg)
     g = zarr.open_group(tmp_path / "toy.zarr/train/experts/tiny-llama", mode="r+")
-    g[st.HINTS_FLAG][1] = 0  # as if killed before the last hints chunk finished
+    g[layout.HINTS_FLAG][1] = 0  # as if killed before the last hints chunk finished
     g.attrs["hints_complete"] = False
     from musketeers.cache.errors import UserError
 

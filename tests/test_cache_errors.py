@@ -14,6 +14,7 @@ import pytest
 import torch
 from conftest import make_items, tiny_specs
 
+from musketeers.cache import layout
 from musketeers.cache import store as st
 from musketeers.cache.errors import UserError
 from musketeers.cache.experts import ExpertSpec, load_expert
@@ -196,7 +197,7 @@ def test_disk_full_names_the_resume_command(cache_dir, monkeypatch):
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(st, "write_items", full)
+    monkeypatch.setattr(layout, "write_items", full)
     fix = f"musketeers precompute --task toy --experts tiny-llama --cache-dir {cache_dir} --limit 5"
     with pytest.raises(UserError, match=f"no space left.*free space.*{re.escape(fix)}$"):
         precompute_task(cache_dir, "toy", {"v": 1}, items, [tiny_specs()[0]], CFG)

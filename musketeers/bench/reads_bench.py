@@ -1,8 +1,8 @@
 """Cache reads: loading a run's pooled vectors once, and the per-step row lookup.
 
-The store is written here through the cache's own layout code (``musketeers.cache.store``)
-at a realistic size: a full 16k-row train split, three experts of the pocket widths. Only the
-``last`` pooling is filled (the others stay unwritten chunks), which is what a default run
+The store is written here through the cache's own layout code (``layout.write_expert``) at a
+realistic size: a full 16k-row train split, three experts of the pocket widths. Only the
+``last`` pooling holds vectors (the other arrays are zeros), which is what a default run
 reads; the vectors are random float32 (hidden states compress about as badly).
 """
 
@@ -31,24 +31,19 @@ def fake_items(n: int) -> list[Item]:
 
 def write_store(cache_dir: Path, n: int, chunk_rows: int = 64) -> list[str]:
     """A complete ``train`` split of ``n`` rows with one ``last`` array per expert."""
+    from musketeers.cache import layout
     from musketeers.cache import store as st
 
     root = st.open_root(st.store_path(cache_dir, TASK), TASK, {"bench": True}, force=True)
     items = fake_items(n)
     sg = root.require_group("train")
-    st.write_items(sg, items, items_fingerprint(items), chunk_rows)
+    layout.write_items(sg, items, items_fingerprint(items), chunk_rows)
     rng = np.random.default_rng(1)
     for name, d in WIDTHS.items():
-        g = sg.require_group(f"experts/{name}")
-        st.create_expert_arrays(g, n, 1, d, chunk_rows, hints=False)
-        g["last"][:] = rng.standard_normal((n, d), dtype=np.float32)
-        with st.dense_writes():  # the reader refuses a group with absent chunks as damaged
-            for arr in st.EXPERT_ARRAYS:
-                if arr != "last":
-                    g[arr][:] = 0
-        g["done"][:] = 1
-        g.attrs.update({"complete": True, "n_layers": 1, "d": d, "dtype": "bfloat16",
-                        "fingerprint": {"bench": name}})
+        # the other arrays are written as zeros (the reader refuses absent chunks as damage)
+        layout.write_expert(sg, name, {"last": rng.standard_normal((n, d), dtype=np.float32)},
+                            fingerprint={"bench": name}, n_layers=1, d=d, dtype="bfloat16",
+                            chunk_rows=chunk_rows)
     return list(WIDTHS)
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from musketeers import methods
+from musketeers.cache import layout
 from musketeers.cache.errors import UserError
-from musketeers.cache.store import SPLITS
+from musketeers.cache.layout import SPLITS
 from musketeers.config import TrainConfig
 from musketeers.features import cache_root
 from musketeers.reports.grid import Grid
@@ -83,7 +84,7 @@ def check_items(need: TaskNeed, root: Any, limit: int | None) -> None:
     if limit is None or root is None:
         return  # no store yet: precompute builds it with the grid's limit
     for split in SPLITS:
-        n = int(root[f"{split}/items"].attrs.get("n", 0)) if f"{split}/items" in root else 0
+        n = layout.item_count(layout.find_items(root, split)) or 0
         if n < limit:
             raise UserError(
                 f"{need.cache_dir}/{need.task}.zarr holds {n} {split} items and the grid "
@@ -93,25 +94,22 @@ def check_items(need: TaskNeed, root: Any, limit: int | None) -> None:
 
 def missing(need: TaskNeed, root: Any) -> tuple[list[str], list[str], bool]:
     """(experts absent/incomplete, experts lacking hints, router missing) in the task's store
-    ``root`` (``open_task_store``; None: no store yet)."""
-    from musketeers.cache.store import ROUTER_ENCODER, hints_complete
-
+    ``root`` (``open_task_store``; None: no store yet). Complete means what the reader means
+    (``layout.is_complete``); an unreadable group counts as absent: precompute repairs it."""
     if root is None:
         return list(need.experts), [], need.router
     absent, no_hints, router = [], [], False
     for name in need.experts:
         for split in SPLITS:
-            path = f"{split}/experts/{name}"
-            if path not in root or not root[path].attrs.get("complete"):
+            g = layout.find_expert(root, split, name)
+            if not layout.is_complete(g):
                 absent.append(name)
                 break
-            if name in need.hint_experts and not hints_complete(root[path]):
+            if name in need.hint_experts and not layout.hints_complete(g):
                 no_hints.append(name)
                 break
     if need.router:
-        router = any(f"{s}/router/{ROUTER_ENCODER}" not in root
-                     or not root[f"{s}/router/{ROUTER_ENCODER}"].attrs.get("complete")
-                     for s in SPLITS)
+        router = not all(layout.is_complete(layout.find_router(root, s)) for s in SPLITS)
     return absent, no_hints, router
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from musketeers.cache.errors import UserError
 from musketeers.cache.items import Item
-from musketeers.cache.store import SPLITS
+from musketeers.cache.layout import SPLITS
 
 from .gsm8k import build_gsm8k_items, gsm8k_task_spec
 from .planted import SIZES as PLANTED_SIZES
