@@ -331,3 +331,32 @@ def test_first_token_kl_is_zero_exactly_when_nothing_moves():
     ids = pol.encode_prompts(PROMPTS)
     assert first_token_kl(pol, ids, 0, "after_prompt") == pytest.approx(0.0, abs=1e-6)
     assert first_token_kl(pol, ids, 2, "after_prompt") > 1e-4
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "qwen2"])
+def test_ended_rows_leave_the_batch_without_changing_any_row(arch, monkeypatch):
+    """Sampling drops a row from the decode batch once it emits eos: every row's tokens are
+    those of the loop that keeps all rows running (same generator draws), and the batch the
+    model sees shrinks."""
+    from musketeers import sampling
+
+    pol = make_policy(arch)
+    p = pol.encode_prompts(PROMPTS)
+    c = ctx(pol)
+    free = pol.generate(p, c, group_size=4, max_new_tokens=10,
+                        generator=torch.Generator().manual_seed(3))
+    pol.eos_ids = [free[0][1], free[5][2]]  # tokens the model does emit, early
+    rows = []
+    hook = pol.model.get_base_model().register_forward_pre_hook(
+        lambda _m, _a, kw: rows.append(kw["inputs_embeds"].shape[0]), with_kwargs=True)
+    cut = pol.generate(p, c, group_size=4, max_new_tokens=10,
+                       generator=torch.Generator().manual_seed(3))
+    hook.remove()
+    assert min(rows[1:]) < 12  # rows left the batch
+    monkeypatch.setattr(sampling, "_select_rows", lambda cache, keep: False)
+    full = pol.generate(p, c, group_size=4, max_new_tokens=10,
+                        generator=torch.Generator().manual_seed(3))
+    assert cut == full
+    assert len({len(r) for r in cut}) > 1  # rows of several lengths, cut after their eos
+    for row in cut:
+        assert all(t not in pol.eos_ids for t in row[:-1])
