@@ -645,3 +645,12 @@ def test_the_regime_claim_needs_every_single_seed_beyond_2_se_of_the_untrained_p
     shutil.rmtree(tmp_path / "u")
     assert "no control run: not evidence" in learns_claim(agg.load_runs(tmp_path), "arithmetic")
     assert learns_claim(agg.load_runs(tmp_path), "logic") is None
+
+
+def test_a_variant_fills_its_family_column_and_the_table_names_it(tmp_path: Path):
+    write_run(tmp_path, "v", 0.33, n=400, task="arithmetic:easy@direct", method="single")
+    text = table1_markdown(agg.load_runs(tmp_path))
+    header = next(line for line in text.splitlines() if line.startswith("| Method"))
+    assert header.count("(ours)") == len(TASK_TITLES)  # no column of the variant's own
+    assert "| Single | — | 51.56 ± 0.55 | 33.00 (1 seed) |" in text
+    assert "Arithmetic = `arithmetic:easy@direct`" in text

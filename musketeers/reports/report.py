@@ -227,7 +227,7 @@ def write_report(grid: Grid, runs_dir: Path, reports_dir: Path) -> Path:
            f"training trajectory, then averaged (paper: mean ρ = {PAPER_SPEARMAN} across "
            "tasks); the claims below state it against the shuffled-reward control.", ""]
     for task in TASKS:
-        ours = [r for r in runs if r.config.get("task") == task
+        ours = [r for r in runs if r.key.get("task") == task  # a variant fills its family
                 and routed(r) and r.status == "done"]
         rho, n = mean_spearman(ours)
         if rho is not None:

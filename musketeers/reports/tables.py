@@ -132,8 +132,9 @@ def table1_cells(runs: list[Run], latents: int = DEFAULT_LATENTS, metric: str = 
 
 
 def table1_tasks(runs: list[Run]) -> tuple[str, ...]:
-    """The paper's tasks, then any other task the runs trained on (e.g. planted)."""
-    others = sorted({str(r.config.get("task")) for r in runs} - set(TASKS) - {"None"})
+    """The paper's tasks, then any other task the runs trained on (e.g. planted); a variant
+    (``arithmetic:easy@direct``) fills its family's column, not one of its own."""
+    others = sorted({str(r.key.get("task")) for r in runs} - set(TASKS) - {"None"})
     return (*TASKS, *others)
 
 
@@ -168,9 +169,21 @@ def table1_markdown(runs: list[Run], latents: int = DEFAULT_LATENTS,
         "Paper: Qwen2.5-3B policy, 3 seeds; n/r = not reported in the paper; n/a = a control "
         "(musketeers.methods), not in the paper; FAILED = every seed failed; — = not run. "
         "The n in a row label is the paper's team size; a budget's own teams can differ "
-        "(see the report's team list).\n\n"
+        "(see the report's team list)." + _variants_note(runs) + "\n\n"
         + "\n".join(lines) + "\n"
     )
+
+
+def _variants_note(runs: list[Run]) -> str:
+    """Name the variants our columns hold: their items are not the paper's, so the paper's
+    column beside them is a reference, not a comparison (claims.compare says the same)."""
+    held = sorted({f"{TASK_TITLES.get(r.key.get('task'), r.key.get('task'))} = "
+                   f"`{r.config.get('task')}`" for r in runs
+                   if r.key.get("task") != r.config.get("task")})
+    if not held:
+        return ""
+    return (" Our columns hold task variants, not the paper's items (" + "; ".join(held)
+            + "): the paper's numbers beside them are a reference, not a comparison.")
 
 
 def table2_markdown(runs: list[Run], latents: int = DEFAULT_LATENTS,
