@@ -94,9 +94,9 @@ def part_entries(part: Part, settings: PartSettings, families: dict[str, str]
     for entry in part.entries:
         entry = {**entry, **settings.set}
         own = settings.tasks or entry.pop("task", None) or list(families)
-        own = own if isinstance(own, list) else [own]
-        tasks = [families[t] for t in own if t in families]
-        entry.pop("task", None)
+        entry.pop("task", None)  # replaced by the overlay's tasks, if it names them
+        tasks = [families[t] for t in (own if isinstance(own, list) else [own])
+                 if t in families]
         keep = True
         for key, allowed in settings.only.items():
             if key not in entry:

@@ -215,8 +215,9 @@ def _train(cfg: TrainConfig, resume: bool, policy_factory: PolicyFactory | None,
     generator = torch.Generator().manual_seed(cfg.seed)
     start = runfolder.restore(run, resume, policy.model, adapter, optimizer, scheduler, generator)
     runfolder.begin(cfg, run, fingerprints)
-    (run / "inputs.json").write_text(json.dumps({"rows": len(data),
-                                                 "constant_experts": data.constant_experts()}))
+    with runfolder.disk_errors(run):  # a full disk is the one-line error, here as elsewhere
+        (run / "inputs.json").write_text(json.dumps(
+            {"rows": len(data), "constant_experts": data.constant_experts()}))
     writer = tensorboard(run)
     end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
     with runfolder.disk_errors(run):

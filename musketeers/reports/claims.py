@@ -201,9 +201,8 @@ def learns_claim(runs: list[Run], task: str) -> str | None:
     check behind every other claim: where Single learns nothing, no method can be told apart.
     Greedy evaluation of the untrained policy does not depend on the seed, so one untrained
     run serves every seed. None when the task has no Single run."""
-    singles = [r for r in select(runs, task=task, method="single")
-               if r.status == "done" and r.value("exact") is not None]
-    if not singles:
+    single = cell(runs, task=task, method="single")
+    if not single.graded:
         return None
     text = f"the regime: on {TASK_TITLES[task]}, training raises Single's exact above the " \
            "untrained policy's"
@@ -212,13 +211,13 @@ def learns_claim(runs: list[Run], task: str) -> str | None:
         return _claim(text, None, "no untrained run", verdict=NO_CONTROL)
     u = base.mean
     clears, parts = [], []
-    for r in sorted(singles, key=lambda r: r.seed):
+    for r in sorted(single.graded, key=lambda r: r.seed):
         one = Cell([r])
         noise, why = within_noise(one, base)
         clears.append(one.mean > u and not noise)
         parts.append(f"seed {r.seed}: {one.mean:.2f} ({'+' if one.mean >= u else ''}"
                      f"{one.mean - u:.2f}; {why})")
-    ahead = float(np.mean([r.value("exact") for r in singles])) > u
+    ahead = single.mean > u
     detail = f"untrained {u:.2f}; " + "; ".join(parts)
     verdict = None
     if ahead and not all(clears):

@@ -169,17 +169,16 @@ def table1_markdown(runs: list[Run], latents: int = DEFAULT_LATENTS,
         "Paper: Qwen2.5-3B policy, 3 seeds; n/r = not reported in the paper; n/a = a control "
         "(musketeers.methods), not in the paper; FAILED = every seed failed; — = not run. "
         "The n in a row label is the paper's team size; a budget's own teams can differ "
-        "(see the report's team list)." + _variants_note(runs) + "\n\n"
+        "(see the report's team list)." + _variants_note(runs, tasks) + "\n\n"
         + "\n".join(lines) + "\n"
     )
 
 
-def _variants_note(runs: list[Run]) -> str:
+def _variants_note(runs: list[Run], tasks: tuple[str, ...]) -> str:
     """Name the variants our columns hold: their items are not the paper's, so the paper's
     column beside them is a reference, not a comparison (claims.compare says the same)."""
-    held = sorted({f"{TASK_TITLES.get(r.key.get('task'), r.key.get('task'))} = "
-                   f"`{r.config.get('task')}`" for r in runs
-                   if r.key.get("task") != r.config.get("task")})
+    held = [f"{TASK_TITLES.get(t, t)} = " + ", ".join(f"`{v}`" for v in variants)
+            for t in tasks if (variants := cell(runs, task=t).variants)]
     if not held:
         return ""
     return (" Our columns hold task variants, not the paper's items (" + "; ".join(held)
