@@ -14,6 +14,7 @@ BUDGET ?= smoke
 SEEDS ?=
 TASKS ?=
 CACHE_DIR ?=
+HOURS ?=
 # the arguments of the run recorded in BENCHMARKS.md
 BENCH_ARGS ?= --reps 3 --prompts 32 --policy smollm2
 SHARED ?= $(abspath ../shared)
@@ -61,7 +62,7 @@ train: install
 
 ablations: install
 	$(MUSK) ablate --budget $(BUDGET) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(TASKS),--tasks $(TASKS)) \
-		$(if $(CACHE_DIR),--cache-dir $(CACHE_DIR))
+		$(if $(CACHE_DIR),--cache-dir $(CACHE_DIR)) $(if $(HOURS),--hours $(HOURS))
 
 bench: install
 	$(PY) -m musketeers.bench $(BENCH_ARGS)

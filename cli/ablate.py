@@ -40,6 +40,9 @@ def ablate(
                     ] = None,
     report_only: Annotated[bool, typer.Option(help="only rebuild the report from runs on disk")
                            ] = False,
+    hours: Annotated[float | None, typer.Option(
+        min=0, help="start no run that would end past this many hours (judged by the longest "
+        "run so far); the rest waits for the next invocation")] = None,
 ) -> None:
     """Precompute what is missing, run every unfinished run of the grid, evaluate, report."""
     from musketeers.reports.grid import load_grid, run_grid
@@ -75,11 +78,13 @@ def ablate(
             publish_run(run_dir, published / run.name)
             publish_ledger(g, runs_dir, published)
 
-        result = run_grid(g, runs_dir, ledger=ledger, on_done=publish)
+        result = run_grid(g, runs_dir, ledger=ledger, on_done=publish, hours=hours)
         typer.echo(f"{len(result.trained)} trained, {len(result.evaluated)} evaluated, "
                    f"{len(result.skipped)} already done, {len(result.failed)} failed"
                    + (f", {len(result.stale)} stale (set aside under {runs_dir / 'stale'} "
-                      "and run again)" if result.stale else ""))
+                      "and run again)" if result.stale else "")
+                   + (f"; {len(result.left)} left for the next invocation (--hours {hours:g})"
+                      if result.left else ""))
     path = write_report(g, runs_dir, reports_dir)
     copied = publish_runs(g, runs_dir, path.parent / "runs")
     typer.echo(f"report: {path} (with the artefacts of {len(copied)} finished runs under "

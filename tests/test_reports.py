@@ -203,6 +203,28 @@ def test_resume_runs_only_missing_runs_and_retries_failures(tmp_path: Path):
     assert calls == []
 
 
+def test_hours_stops_between_runs_before_one_would_end_past_it(tmp_path: Path, monkeypatch):
+    """A fake clock: each training call takes 10 min. With --hours 0.5 the grid starts a run
+    only while elapsed + the longest run so far fits; the rest is left for the next call."""
+    import musketeers.reports.grid as grid_mod
+
+    clock = [0.0]
+    monkeypatch.setattr(grid_mod.time, "monotonic", lambda: clock[0])
+
+    def train(fields):
+        clock[0] += 600.0
+        return fake_train(fields, steps=3)
+
+    grid = load_grid(small_grid(tmp_path))
+    runs_dir = tmp_path / "runs"
+    result = run_grid(grid, runs_dir, train, fake_evaluate, IDENTITY, hours=0.5)
+    # runs end at 10, 20, 30 min; a fourth would end at 40 > 30
+    assert len(result.trained) == 3 and len(result.left) == len(grid.runs) - 3
+    assert [run_status(runs_dir / n) for n in result.left] == ["missing"] * len(result.left)
+    again = run_grid(grid, runs_dir, train, fake_evaluate, IDENTITY)
+    assert sorted(again.trained) == sorted(result.left) and not again.left
+
+
 def test_report_names_every_run_and_every_failure(tmp_path: Path):
     grid = load_grid(small_grid(tmp_path))
     runs_dir = tmp_path / "runs"

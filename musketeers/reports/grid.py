@@ -70,6 +70,7 @@ class GridResult:
     skipped: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     stale: list[str] = field(default_factory=list)  # set aside and run again
+    left: list[str] = field(default_factory=list)  # not started: past ``hours``
 
 
 def grid_file(budget: str) -> Path:
@@ -292,6 +293,7 @@ def run_grid(
     config_fn: Callable[[dict[str, Any]], Any] | None = None,
     ledger: Path | None = None,
     on_done: Callable[[GridRun, Path], None] | None = None,
+    hours: float | None = None,
 ) -> GridResult:
     """Train and evaluate every run of ``grid`` that has no finished result under ``runs_dir``.
 
@@ -303,6 +305,11 @@ def run_grid(
     the TrainConfig loader; tests inject fakes. Each training and evaluation call's wall time
     goes to ``ledger`` (``musketeers.reports.ledger``). ``on_done(run, run_dir)`` is called
     as each run is finished and evaluated (``ablate`` publishes it there and then).
+
+    ``hours`` bounds this invocation: a run is not started when it would end past it, judged
+    by the longest run this invocation has finished (so the first always starts). What is
+    left stays to do, for the same command to pick up; a session or a night that ends at a
+    known time then stops between runs instead of losing one half-trained.
     """
     train_fn = train_fn or _default_train_fn
     eval_fn = eval_fn or _default_eval_fn
@@ -323,7 +330,16 @@ def run_grid(
             todo.append((run, status))
     log.info("grid %s: %d runs, %d finished, %d to do", grid.budget, len(grid.runs),
              len(result.skipped), len(todo))
-    for run, status in _progress(todo, f"ablate {grid.budget}"):
+    start, longest = time.monotonic(), 0.0
+    for i, (run, status) in enumerate(_progress(todo, f"ablate {grid.budget}")):
+        elapsed = time.monotonic() - start
+        if hours is not None and elapsed + longest > hours * 3600:
+            result.left = [r.name for r, _ in todo[i:]]
+            log.info("stopping after %.2f h: the next run (%s) would end past --hours %g "
+                     "(the longest so far took %.0f min); %d runs left for the next "
+                     "invocation", elapsed / 3600, run.name, hours, longest / 60,
+                     len(result.left))
+            break
         run_dir = runs_dir / run.name
         fields = {**run.fields, "run_dir": str(run_dir)}
         cfg: Any = None
@@ -341,6 +357,7 @@ def run_grid(
                         result_ = eval_fn(run_dir, grid.eval_limit, context)
                     _write_eval(run_dir, out, result_)
             result.evaluated.append(run.name)
+            longest = max(longest, time.monotonic() - start - elapsed)
             if on_done is not None:
                 on_done(run, run_dir)
         except (KeyboardInterrupt, SystemExit):
