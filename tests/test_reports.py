@@ -281,7 +281,13 @@ def test_report_states_how_much_learning_signal_the_runs_had(tmp_path: Path):
     assert ("Answer format: of the greedy validation completions, 25% wrote an `<answer>…"
             "</answer>` for the scorer to grade (25%–25% over 1 run with that count); 50% ran "
             "out of new tokens") in text
-    assert "on average 25%" in text and "10%–100% across runs" in text
+    assert "on average 25%" in text and "10%–100% across the 6 trained runs" in text
+    # the same run as an untrained baseline (lr 0) leaves the trained runs' average alone
+    cfg_path = runs_dir / grid.runs[0].name / "config.yaml"
+    cfg_path.write_text(yaml.safe_dump({**yaml.safe_load(cfg_path.read_text()),
+                                        "method": "untrained"}))
+    text = write_report(grid, runs_dir, tmp_path / "reports").read_text()
+    assert "on average 10%" in text and "10%–10% across the 5 trained runs" in text
     for run in grid.runs:
         p = runs_dir / run.name / "metrics.jsonl"
         p.write_text("".join(json.dumps({**json.loads(x), "zero_var_frac": 0.9}) + "\n"

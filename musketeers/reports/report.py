@@ -138,13 +138,16 @@ def learning_signal(runs: list[Run]) -> list[str]:
     """A plain statement of how much GRPO signal the grid's training had: with every reward
     of a group equal (all 0, typically) the advantage is 0, and the tables then compare
     policies that barely moved from their initialisation."""
-    fracs = [r.no_signal for r in runs if r.no_signal is not None]
+    # a baseline that does not train (``untrained``: one step at lr 0) samples groups too, but
+    # its share says nothing of the signal the trained runs had
+    fracs = [r.no_signal for r in runs
+             if r.no_signal is not None and (r.spec is None or r.spec.trains)]
     if not fracs:
         return answer_format(runs)
     mean = float(np.mean(fracs))
     line = (f"- Learning signal: on average {mean:.0%} of the sampled groups had G equal "
             f"rewards (zero advantage, no policy gradient), {min(fracs):.0%}–{max(fracs):.0%} "
-            "across runs")
+            f"across the {len(fracs)} trained run{'s' * (len(fracs) != 1)}")
     if mean > WEAK_SIGNAL:
         line += ("; most updates carried no reward signal, so these runs stayed close to "
                  "their initial policies and the tables cannot separate the methods: more "
