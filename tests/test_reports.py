@@ -109,6 +109,19 @@ def test_compare_against_the_paper():
     assert compare(agg.Cell([run]), (60.0, 3.0)).startswith("below the paper by 8.00")
 
 
+def test_a_claim_about_a_family_the_grid_leaves_out_says_so(tmp_path: Path):
+    write_run(tmp_path, "single", 0.3, **{**KEY, "method": "single"})
+    runs = agg.load_runs(tmp_path)
+
+    def logic(claims):
+        return next(c for c in claims if "on Logic, Single is the best" in c)
+
+    assert "**cannot be checked (runs missing)**" in logic(paper_claims(runs, 8))
+    assert "**not in this grid** — this grid runs Algorithmic, Arithmetic" in logic(
+        paper_claims(runs, 8, {"arithmetic", "algorithmic"}))
+    assert "runs missing" in logic(paper_claims(runs, 8, {"arithmetic", "logic"}))
+
+
 def test_verdicts_say_when_a_difference_is_within_evaluation_noise(tmp_path: Path):
     single = {**KEY, "method": "single"}
     control = {**KEY, "method": "shuffled_experts"}  # as low as Single: Ours clears both

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from musketeers.reports.aggregate import METRICS, Run, load_runs, mean_spearman
+from musketeers.reports.aggregate import METRICS, Run, group_key, load_runs, mean_spearman
 from musketeers.reports.claims import PAPER_SPEARMAN, cell_comparisons, paper_claims, routed
 from musketeers.reports.figures import all_figures
 from musketeers.reports.grid import Grid
@@ -249,7 +249,7 @@ def write_report(grid: Grid, runs_dir: Path, reports_dir: Path) -> Path:
            "completions, or the spread over seeds for routing, so it is no finding either way;"
            " each claim for Ours is stated against a control on the same seeds, and one "
            "without its control run is \"not evidence\"):", "",
-           *paper_claims(runs, latents), "",
+           *paper_claims(runs, latents, {group_key(r.fields)["task"] for r in grid.runs}), "",
            "Cells (ours: exact; the paper's: its accuracy):", "", *cell_comparisons(runs, latents),
            "", "## Runs", "", *_runs_table(runs), ""]
     failed = [r for r in runs if r.status == "failed"]
