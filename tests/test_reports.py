@@ -238,6 +238,39 @@ def test_hours_stops_between_runs_before_one_would_end_past_it(tmp_path: Path, m
     assert sorted(again.trained) == sorted(result.left) and not again.left
 
 
+def test_wall_time_by_stage_projects_runs_not_done_from_done_ones(tmp_path: Path):
+    from musketeers.reports.report import wall_time_by_stage
+
+    grid = load_grid(small_grid(tmp_path))
+    runs_dir = tmp_path / "runs"
+    run_grid(grid, runs_dir, partial(fake_train, steps=3), fake_evaluate, IDENTITY)
+    cost = {"arithmetic-single": (100, 20), "logic-single": (200, 40),
+            "arithmetic-perceiver": (100, 20, 30)}  # Ours adds Figure 5's no-C evaluation
+    rows = []
+    for run in grid.runs:
+        calls = next(v for k, v in cost.items() if f"t-{k}" in run.name)
+        rows.append({"phase": "train", "name": run.name, "seconds": calls[0], "ok": True})
+        rows += [{"phase": "eval", "name": f"{run.name}/e{i}", "seconds": c, "ok": True}
+                 for i, c in enumerate(calls[1:])]
+    rows.append({"phase": "train", "name": grid.runs[0].name, "seconds": 999, "ok": False})
+    (runs_dir / "ledger-t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def line(runs):
+        return wall_time_by_stage(grid, runs, runs_dir)[0].split("evaluations): ")[1]
+
+    # every run done: 2 × (120 + 240 + 150) s, the interrupted call not counted
+    assert line(agg.load_runs(runs_dir)) == "stage 1: 6 of 6 runs done in 0.28 h"
+    for run in grid.runs:  # seed 1 not evaluated yet: projected from seed 0, kind by kind
+        if run.name.endswith("s1"):
+            (runs_dir / run.name / "eval.json").unlink()
+    assert line(agg.load_runs(runs_dir)) == ("stage 1: 3 of 6 runs done in 0.14 h, 0.28 h "
+                                             "projected for all")
+    # no Logic run done: Logic's two at the mean of the done runs with the same evaluations
+    (runs_dir / "t-logic-single-s0" / "eval.json").unlink()
+    assert line(agg.load_runs(runs_dir)) == ("stage 1: 2 of 6 runs done in 0.07 h, 0.22 h "
+                                             "projected for all (2 at another family's mean)")
+
+
 def test_report_names_every_run_and_every_failure(tmp_path: Path):
     grid = load_grid(small_grid(tmp_path))
     runs_dir = tmp_path / "runs"
@@ -294,13 +327,13 @@ def test_report_states_how_much_learning_signal_the_runs_had(tmp_path: Path):
     assert ("Answer format: of the greedy validation completions, 25% wrote an `<answer>…"
             "</answer>` for the scorer to grade (25%–25% over 1 run with that count); 50% ran "
             "out of new tokens") in text
-    assert "on average 25%" in text and "10%–100% across the 6 trained runs" in text
+    assert "on average 25%" in text and "10%–100% across the 6 finished trained runs" in text
     # the same run as an untrained baseline (lr 0) leaves the trained runs' average alone
     cfg_path = runs_dir / grid.runs[0].name / "config.yaml"
     cfg_path.write_text(yaml.safe_dump({**yaml.safe_load(cfg_path.read_text()),
                                         "method": "untrained"}))
     text = write_report(grid, runs_dir, tmp_path / "reports").read_text()
-    assert "on average 10%" in text and "10%–10% across the 5 trained runs" in text
+    assert "on average 10%" in text and "10%–10% across the 5 finished trained runs" in text
     for run in grid.runs:
         p = runs_dir / run.name / "metrics.jsonl"
         p.write_text("".join(json.dumps({**json.loads(x), "zero_var_frac": 0.9}) + "\n"

@@ -62,20 +62,11 @@ def totals(path: Path) -> dict[str, float]:
     last line (the process killed mid-write) is skipped."""
     if not path.is_file():
         return {}
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    last_discard = {row["name"]: i for i, row in enumerate(rows) if row["phase"] == "stale"}
     out = dict.fromkeys(PHASES, 0.0)
     finished = discarded = 0.0
-    for i, row in enumerate(rows):
-        if row["phase"] == "stale":
-            continue
+    for row, stale in _calls(path):
         seconds = float(row["seconds"])
-        if last_discard.get(row["name"].split("/")[0], -1) > i:  # eval names are run/file
+        if stale:
             discarded += seconds
             continue
         out[row["phase"]] = out.get(row["phase"], 0.0) + seconds
@@ -84,3 +75,31 @@ def totals(path: Path) -> dict[str, float]:
     out["finished"] = finished
     out["discarded"] = discarded
     return out
+
+
+def run_seconds(path: Path) -> dict[str, float]:
+    """Per grid run, the seconds of its training and evaluation calls that finished (what
+    the run costs uninterrupted, loading included); runs set aside as stale are left out."""
+    out: dict[str, float] = {}
+    if not path.is_file():
+        return out
+    for row, stale in _calls(path):
+        if not stale and row.get("ok") and row["phase"] in ("train", "eval"):
+            run = row["name"].split("/")[0]
+            out[run] = out.get(run, 0.0) + float(row["seconds"])
+    return out
+
+
+def _calls(path: Path) -> Iterator[tuple[dict, bool]]:
+    """Every call of the ledger, and whether a later ``discard`` of its run made it stale.
+    A torn line (the process killed mid-write) is skipped."""
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    last_discard = {row["name"]: i for i, row in enumerate(rows) if row["phase"] == "stale"}
+    for i, row in enumerate(rows):
+        if row["phase"] != "stale":  # eval names are run/file
+            yield row, last_discard.get(row["name"].split("/")[0], -1) > i

@@ -13,7 +13,7 @@ from musketeers.reports.aggregate import METRICS, Run, group_key, load_runs, mea
 from musketeers.reports.claims import PAPER_SPEARMAN, cell_comparisons, paper_claims, routed
 from musketeers.reports.figures import all_figures
 from musketeers.reports.grid import Grid
-from musketeers.reports.ledger import PHASES, ledger_path, totals
+from musketeers.reports.ledger import PHASES, ledger_path, run_seconds, totals
 from musketeers.reports.tables import (
     DEFAULT_LATENTS,
     METRIC_TEXT,
@@ -55,6 +55,53 @@ def _measured_wall_time(runs_dir: Path, budget: str) -> list[str]:
                "`runs/stale/`) and run again" if t.get("discarded") else "")]
 
 
+def wall_time_by_stage(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]:
+    """Per stage of the grid: its runs done, their measured hours, and the stage's whole
+    wall time projected from them (a run not done yet at the mean of the done runs of its
+    family with the same steps and evaluations, else of any family), so a grid that outlasts
+    a session says how long it still needs."""
+    secs = run_seconds(ledger_path(runs_dir, grid.budget))
+    done = {r.name for r in runs if r.status == "done"} & set(secs)
+    if not done:
+        return []
+
+    def kind(g, family: bool = True) -> tuple:
+        task = group_key(g.fields)["task"] if family else None
+        return task, g.fields.get("steps"), g.eval_no_context
+
+    means = {}
+    for fam in (True, False):
+        by: dict[tuple, list[float]] = {}
+        for g in grid.runs:
+            if g.name in done:
+                by.setdefault(kind(g, fam), []).append(secs[g.name])
+        means[fam] = {k: float(np.mean(v)) for k, v in by.items()}
+    parts = []
+    for stage in sorted({g.stage for g in grid.runs}):
+        stage_runs = [g for g in grid.runs if g.stage == stage]
+        measured = sum(secs[g.name] for g in stage_runs if g.name in done)
+        n_done = sum(g.name in done for g in stage_runs)
+        total, other, unknown = measured, 0, 0
+        for g in stage_runs:
+            if g.name in done:
+                continue
+            est = means[True].get(kind(g)) or means[False].get(kind(g, False))
+            other += kind(g) not in means[True] and est is not None
+            unknown += est is None
+            total += est or 0.0
+        text = f"stage {stage}: {n_done} of {len(stage_runs)} runs done in {measured / 3600:.2f} h"
+        if n_done < len(stage_runs):
+            text += f", {total / 3600:.2f} h projected for all"
+            notes = ([f"{other} at another family's mean"] if other else []) + (
+                [f"{unknown} with no done run like them, not counted"] if unknown else [])
+            text += f" ({'; '.join(notes)})" if notes else ""
+        parts.append(text)
+    return ["- Wall time by stage (each done run's finished training and evaluation calls in "
+            "the ledger, on the machines that ran them; a run not done yet projected at the "
+            "mean of the done runs of its family with the same steps and evaluations): "
+            + "; ".join(parts)]
+
+
 def _what_was_run(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]:
     cfgs = [r.config for r in runs]
     def values(key: str) -> str:
@@ -84,6 +131,7 @@ def _what_was_run(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]:
         f"{', '.join(map(str, steps)) or '—'}",
         f"- Total training wall time (sum over runs): {wall:.0f} s ({wall / 3600:.2f} h)",
         *_measured_wall_time(runs_dir, grid.budget),
+        *wall_time_by_stage(grid, runs, runs_dir),
         *learning_signal(runs),
         f"- Report written on: {machine()}",
     ]
@@ -140,14 +188,14 @@ def learning_signal(runs: list[Run]) -> list[str]:
     policies that barely moved from their initialisation."""
     # a baseline that does not train (``untrained``: one step at lr 0) samples groups too, but
     # its share says nothing of the signal the trained runs had
-    fracs = [r.no_signal for r in runs
-             if r.no_signal is not None and (r.spec is None or r.spec.trains)]
+    fracs = [r.no_signal for r in runs if r.status == "done" and r.no_signal is not None
+             and (r.spec is None or r.spec.trains)]
     if not fracs:
         return answer_format(runs)
     mean = float(np.mean(fracs))
     line = (f"- Learning signal: on average {mean:.0%} of the sampled groups had G equal "
             f"rewards (zero advantage, no policy gradient), {min(fracs):.0%}–{max(fracs):.0%} "
-            f"across the {len(fracs)} trained run{'s' * (len(fracs) != 1)}")
+            f"across the {len(fracs)} finished trained run{'s' * (len(fracs) != 1)}")
     if mean > WEAK_SIGNAL:
         line += ("; most updates carried no reward signal, so these runs stayed close to "
                  "their initial policies and the tables cannot separate the methods: more "
