@@ -226,17 +226,16 @@ class Margins:
 MARGINS = {
     "plain": Margins(STEPS, MIN_REWARD_WITH_C, MAX_REWARD_SINGLE, MIN_UTILISATION_GAIN,
                      MIN_REWARD_GAIN_OVER_CONTROL, MIN_RHO_BELOW_CONTROL),
-    # The chat variant (musketeers.planted_chat) is held to the same criteria; they are not
-    # relaxed, and at 50 steps only seed 0 meets them. Measured on a loaded 2-core CPU,
-    # seeds 0/1/2, Ours vs shuffled_reward: reward last 0.555/0.280/0.294 (gain +0.43/+0.19/
-    # +0.20; control -0.03/+0.07/+0.03), oracle gain +0.132/+0.100/+0.153 (control
-    # +0.013/+0.044/+0.056), ρ -0.90/-0.80/-0.81 (control +0.03/-0.60/-0.30). Seed 1 misses
-    # reward, gain over control and ρ margin; seed 2 misses reward by 0.006. Tried, none
-    # better on every seed: 80 steps (seed 1 ρ -0.48 vs control -0.53; seed 2 oracle gain
-    # below control's), lr 5e-3 (seed 1 reward 0.287), lr = adapter_lr = 2e-2 (0.15/0.21),
-    # adapter_lr 3e-2 (seed 1 0.11), G = 16 × 16 prompts (seed 0 0.19, seed 1 ρ -0.51 vs
-    # -0.20). The shuffled control's ρ reaches -0.6 (its digits collapse, then recover), so
-    # a ρ margin of 0.3 needs ρ ≤ -0.9 of Ours there.
+    # The chat variant (musketeers.planted_chat) is held to the same criteria, not relaxed.
+    # Measured at 50 steps on a loaded 2-core AMD EPYC (AVX2), Ours vs shuffled_reward, with
+    # β = 0.01: seeds 0/1/2/3/4 reward last 0.603/0.389/0.448/0.562/0.371 (control
+    # 0.022/0.079/0.088/0.101/0.000), oracle gain +0.134/+0.093/+0.079/+0.103/+0.091
+    # (control -0.001/+0.013/+0.044/+0.090/0.000), ρ -0.82/-0.89/-0.83/-0.92/-0.84 (control
+    # +0.33/-0.40/-0.08/-0.09/+0.34): every seed passes. With β = 0.04 (the paper's), seeds
+    # 1, 2 and 4 ended at reward 0.280/0.294/0.286 and seed 1's ρ -0.80 sat 0.2 below its
+    # control's -0.60: the KL to a reference that answers a uniform digit held them back.
+    # Tried at 0.04 before, none better on every seed: 80 steps, lr 5e-3, lr = adapter_lr =
+    # 2e-2, adapter_lr 3e-2, G = 16 × 16 prompts.
     "chat": Margins(CHAT_STEPS, MIN_REWARD_WITH_C, MAX_REWARD_SINGLE, MIN_UTILISATION_GAIN,
                     MIN_REWARD_GAIN_OVER_CONTROL, MIN_RHO_BELOW_CONTROL),
 }

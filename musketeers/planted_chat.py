@@ -13,7 +13,11 @@ This variant runs them all on the same store, task and criteria:
   with system/user/assistant turns and ``add_generation_prompt`` renders every prompt;
 - an answer is ``<answer> 7 </answer> [EOS]``, four sampled tokens, decoded with spaces
   (``<answer> 7 </answer>``) and found by ``extract_answer`` (" 7 " → "7" after its strip);
-- β = 0.04, so reference log-probs are computed and the KL term is in the loss.
+- β = 0.01, so reference log-probs are computed and the KL term is in the loss (KL to the
+  reference reaches 0.1-0.7 nats a token). Why not the paper's 0.04: θ_ref answers a uniform
+  digit, so the KL pulls the answer back towards chance, and at 0.04 it held the reward of
+  seeds 1, 2 and 4 at 0.28-0.29, under the check's 0.30 in 50 steps; at 0.01 seeds 0-4 all
+  pass (reward 0.37-0.60; ``musketeers.planted.MARGINS``).
 
 Why a warm-up. A random policy almost never samples the exact four-token format (the chance
 of ``<answer> d </answer> [EOS]`` in a 20-word vocabulary is ~1e-5), so every reward is 0,
@@ -46,6 +50,7 @@ CHAT_TEMPLATE = (
 )
 MAX_NEW_TOKENS = 5  # the four answer tokens and one spare: a format slip is truncated, not cut
 WARMUP_STEPS = 60  # 40 left digits from 5% to 19% on seed 0; 60 gives 6-12.5%, ~2 s
+BETA = 0.01  # > 0 for the KL path; why not 0.04: the module docstring
 CHAT_STEPS = 50  # GRPO steps the check's margins (musketeers.planted.MARGINS) are sized for
 WARMUP_LR = 3e-3
 WARMUP_BATCH = 32
@@ -127,4 +132,4 @@ def planted_chat_policy(cfg: TrainConfig):
 
 def chat_overrides() -> dict[str, Any]:
     """What the chat variant changes in ``planted_config``."""
-    return dict(policy=POLICY, max_new_tokens=MAX_NEW_TOKENS, beta=0.04)
+    return dict(policy=POLICY, max_new_tokens=MAX_NEW_TOKENS, beta=BETA)

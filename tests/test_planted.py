@@ -75,12 +75,10 @@ def test_check_needs_ours_to_beat_its_shuffled_reward_control(rows):
 
 # ---- the chat variant: a chat template, multi-token answers, β > 0 (musketeers.planted_chat)
 # Only Ours and its control (the check judges one against the other; each run costs ~15 s on
-# a 2-core CPU). CI runs seed 0, which passes with room; seeds 1 and 2 fall short of the
-# check at 50 steps (figures at MARGINS in musketeers.planted) and run as a slow xfail.
+# a 2-core CPU), on the plain check's three seeds (figures at MARGINS in musketeers.planted).
 
 CHAT_METHODS = ("perceiver", "shuffled_reward")
-CHAT_SEEDS = [0]
-CHAT_SHORT_SEEDS = [1, 2]
+CHAT_SEEDS = [0, 1, 2]
 
 
 def _chat_rows(tmp_path_factory, seeds):
@@ -104,15 +102,6 @@ def test_chat_variant_passes_its_check(chat_run):
     _, rows = chat_run
     assert len(rows) == len(CHAT_SEEDS) * len(CHAT_METHODS)
     assert all(r["variant"] == "chat" for r in rows)
-    assert check_rows(rows) == []
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="seeds 1, 2 of the chat variant fall short of the "
-                   "check at 50 steps (musketeers.planted MARGINS); an XPASS means they no "
-                   "longer do: move them to CHAT_SEEDS")
-def test_chat_variant_on_seeds_1_and_2(tmp_path_factory):
-    _, rows = _chat_rows(tmp_path_factory, CHAT_SHORT_SEEDS)
     assert check_rows(rows) == []
 
 
