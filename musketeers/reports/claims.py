@@ -25,6 +25,7 @@ from musketeers.reports.aggregate import (
     series,
 )
 from musketeers.reports.figures import LATENTS
+from musketeers.reports.paired import paired_exact
 from musketeers.reports.tables import (
     DEFAULT_POOLING,
     DEFAULT_TEAM,
@@ -84,12 +85,14 @@ def within_noise(a: Cell, b: Cell) -> tuple[bool, str]:
     se_a, se_b = a.item_se, b.item_se
     if se_a is None or se_b is None:
         return False, ""
-    return _noise(a.mean, se_a, b.mean, se_b, "points", f"{a.items} and {b.items} graded items")
+    return _noise(a.mean, b.mean, math.hypot(se_a, se_b), "points",
+                  f"{a.items} and {b.items} graded items")
 
 
-def _noise(a: float, se_a: float, b: float, se_b: float, unit: str,
-           counts: str) -> tuple[bool, str]:
-    two_se = 2.0 * math.sqrt(se_a**2 + se_b**2)
+def _noise(a: float, b: float, se: float, unit: str, counts: str) -> tuple[bool, str]:
+    """Whether a − b is within 2 ``se`` (the standard error of the difference), and a
+    clause saying so."""
+    two_se = 2.0 * se
     diff, f = abs(a - b), (".2f" if unit == "points" else ".3f")
     size = f"{diff:{f}}" + (f" {unit}" if unit else "")
     if diff == 0:
@@ -174,7 +177,7 @@ def routing_claim(runs: list[Run], task: str, latents: int, what: str, attr: str
         return _claim(text, None, f"{detail}; with 1 seed the SE is unknown",
                       verdict="no verdict: 1 seed")
     n = len(seeds)
-    noise, why = _noise(sign * o, sd_o / math.sqrt(n), sign * c, sd_c / math.sqrt(n), "",
+    noise, why = _noise(sign * o, sign * c, math.hypot(sd_o, sd_c) / math.sqrt(n), "",
                         f"{n} seeds")
     verdict = None
     if sign * o > 0 and noise:
@@ -297,12 +300,14 @@ def paper_claims(runs: list[Run], latents: int, families: set[str] | None = None
             a, b = float(with_c.mean()), float(without_c.mean())
             # each sampled step draws prompts x G completions both ways, over every seed
             n = sum(_sampled_steps(r) * _completions_per_step(r) for r in rs)
-            noise, why = _noise(a, bernoulli_se(a, n), b, bernoulli_se(b, n), "reward",
-                                f"{n} completions each way") if n else (False, "")
+            se = math.hypot(bernoulli_se(a, n), bernoulli_se(b, n)) if n else 0.0
+            noise, why = _noise(a, b, se, "reward", f"{n} completions each way") if n else (
+                False, "")
             detail = f"{a:.3f} vs {b:.3f}" + (f"; {why}" if why else "")
         out.append(_claim(f"§4.4 / Figure 5: on {TASK_TITLES[task]}, reward with C exceeds "
                           "reward without C (mean over the steps sampled both ways)",
                           a > b if ok else None, detail, noise))
+        out.append(_paired_claim(task, rs))
     accs = {m: c for m in LATENTS
             if (c := cell(runs, task=FIGURE6_TASK, pooling=DEFAULT_POOLING, latents=m,
                           **DEFAULT_TEAM)).values}
@@ -322,6 +327,20 @@ def paper_claims(runs: list[Run], latents: int, families: set[str] | None = None
     out.append(_claim("§4.4 / Figure 6: exact on Arithmetic peaks at m = 8 (paper: accuracy)",
                       None if best is None else peaks == [8], detail, noise))
     return out
+
+
+def _paired_claim(task: str, runs: list[Run]) -> str:
+    """Figure 5's claim on held-out items: greedy exact with C against without C, paired
+    item by item (musketeers.reports.paired)."""
+    text = (f"§4.4 / Figure 5: on {TASK_TITLES[task]}, C raises greedy exact on validation "
+            "items (same checkpoints and items with and without C, paired)")
+    p = paired_exact(runs)
+    if p is None:
+        return _claim(text, None, "")
+    noise, why = _noise(p.with_c, p.without_c, p.se, "points",
+                        f"{p.n} item pairs over {p.runs} run{'s' * (p.runs != 1)}")
+    return _claim(text, p.diff > 0, f"{p.with_c:.2f} vs {p.without_c:.2f}; {why} (paired SE "
+                  f"{p.se:.2f})", noise)
 
 
 def cell_comparisons(runs: list[Run], latents: int) -> list[str]:
