@@ -1,4 +1,4 @@
-"""Figure 5's paired form: greedy exact with C against without C, item by item."""
+"""Evaluations compared item by item: with vs without C (Figure 5), and cell against cell."""
 
 import json
 from pathlib import Path
@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from musketeers.reports import aggregate as agg
-from musketeers.reports.claims import _paired_claim
-from musketeers.reports.paired import paired_exact
+from musketeers.reports.claims import _paired_claim, within_noise
+from musketeers.reports.paired import paired_cells, paired_context
 
 
 def _run(root: Path, name: str, with_c: dict[str, float], without_c: dict[str, float]):
@@ -24,10 +24,10 @@ def test_paired_difference_and_its_standard_error(tmp_path: Path):
     # item b is right only with C; c's partial credit is not exact; e is graded one way only
     run = _run(tmp_path, "r", {"a": 1, "b": 1, "c": 0.5, "d": 0, "e": 1},
                {"a": 1, "b": 0, "c": 0.0, "d": 0})
-    p = paired_exact([run])
+    p = paired_context([run])
     # d = [0, 1, 0, 0]: mean 0.25, sample var 0.25, SE sqrt(0.25 / 4) = 0.25
     assert (p.n, p.runs) == (4, 1)
-    assert p.with_c == pytest.approx(50.0) and p.without_c == pytest.approx(25.0)
+    assert p.a == pytest.approx(50.0) and p.b == pytest.approx(25.0)
     assert p.diff == pytest.approx(25.0) and p.se == pytest.approx(25.0)
     claim = _paired_claim("arithmetic", [run])
     assert "**holds here, but within noise**" in claim and "within 2 SE (50.00)" in claim
@@ -39,8 +39,8 @@ def test_pairing_is_what_makes_a_small_gain_a_finding(tmp_path: Path):
     without = {f"i{k}": float(k < 120) for k in range(400)}
     with_c = {k: float(v or int(k[1:]) in range(120, 140)) for k, v in without.items()}
     runs = [_run(tmp_path, "ours", with_c, without)]
-    p = paired_exact(runs)
-    assert p.diff == pytest.approx(5.0) and 2 * p.se < 2.3
+    p = paired_context(runs)
+    assert p.diff == pytest.approx(5.0) and 2 * p.noise < 2.3
     assert "**holds here**" in _paired_claim("arithmetic", runs)
     # the same scores with the items shuffled against each other: no pairing, no finding
     shuffled = dict(zip(with_c, sorted(with_c.values()), strict=True))
@@ -53,5 +53,45 @@ def test_no_pairs_no_verdict(tmp_path: Path):
     d.mkdir()
     (d / "eval_samples.jsonl").write_text(json.dumps({"id": "a", "score": 1}) + "\n")
     run = agg.Run("x", d, {}, "done")
-    assert paired_exact([run]) is None
+    assert paired_context([run]) is None
     assert "cannot be checked" in _paired_claim("arithmetic", [run])
+
+
+def _cell_run(root: Path, name: str, seed: int, scores: dict[str, float]) -> agg.Run:
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "eval_samples.jsonl").write_text("".join(json.dumps({"id": i, "score": s}) + "\n"
+                                                  for i, s in scores.items()))
+    exact = sum(s >= 1 for s in scores.values()) / len(scores)
+    return agg.Run(name, d, {"seed": seed}, "done", eval={"exact": exact, "n": len(scores)})
+
+
+def test_cells_pair_run_with_run_on_the_same_seed(tmp_path: Path):
+    """Ours ahead by 20 of 400 items on each of 3 seeds, wrong on none Single gets: a
+    finding paired (seed SE 0, item SE ~1.1), noise for independent bounds (2 SE ~6.6)."""
+    base = {f"i{k}": float(k < 120) for k in range(400)}
+    ours, single = [], []
+    for s in range(3):
+        lift = {k: float(v or int(k[1:]) in range(120 + s, 140 + s)) for k, v in base.items()}
+        ours.append(_cell_run(tmp_path, f"ours{s}", s, lift))
+        single.append(_cell_run(tmp_path, f"single{s}", s, base))
+    a, b = agg.Cell(ours), agg.Cell(single)
+    p = paired_cells(a, b)
+    assert (p.n, p.runs) == (1200, 3) and p.diff == pytest.approx(5.0)
+    assert p.seed_se == pytest.approx(0.0, abs=1e-9) and p.noise == p.se
+    noise, why = within_noise(a, b)
+    assert not noise and "exceeds 2 SE (1.26)" in why  # SE sqrt(.05 · .95 / 1200)
+    # the untrained policy: one run, paired with every seed
+    untrained = agg.Cell([_cell_run(tmp_path, "untrained", 0, base)])
+    assert paired_cells(a, untrained).n == 1200
+    # seeds that disagree: the spread of their differences is the noise
+    ours[1] = _cell_run(tmp_path, "ours1b", 1, {k: float(not v) for k, v in base.items()})
+    p = paired_cells(agg.Cell(ours), b)
+    assert p.seed_se > p.se and p.noise == p.seed_se
+    assert within_noise(agg.Cell(ours), b)[0]
+    # without the graded completions: the independent Bernoulli bounds, as before
+    for r in (*ours, *single):
+        (r.path / "eval_samples.jsonl").unlink()
+    assert paired_cells(a, b) is None
+    bound = 2 * (a.item_se**2 + b.item_se**2) ** 0.5
+    assert f"2 SE ({bound:.2f})" in within_noise(a, b)[1] and bound > 3

@@ -25,7 +25,7 @@ from musketeers.reports.aggregate import (
     series,
 )
 from musketeers.reports.figures import LATENTS
-from musketeers.reports.paired import paired_exact
+from musketeers.reports.paired import paired_cells, paired_context
 from musketeers.reports.tables import (
     DEFAULT_POOLING,
     DEFAULT_TEAM,
@@ -77,11 +77,16 @@ def compare(ours: Cell, paper: tuple[float, float] | None) -> str | None:
 
 
 def within_noise(a: Cell, b: Cell) -> tuple[bool, str]:
-    """Whether two cells differ by no more than their evaluation's sampling noise, and a clause
-    saying by how much: |Δ| ≤ 2·sqrt(SE_a² + SE_b²), with each SE the Bernoulli bound of
-    `Cell.item_se`. On 64 items a 3 % exact has SE ≈ 2.2 points, so one seed's 1–2 items
-    of difference prove nothing either way, and the verdict must say so.
+    """Whether two cells differ by no more than their noise, and a clause saying by how much.
+
+    Where both cells' runs kept their graded completions, the two are compared item by item
+    on the same seeds (musketeers.reports.paired): |Δ| ≤ 2 SE of the paired difference, or of
+    the per-seed differences where that is larger. Otherwise |Δ| ≤ 2·sqrt(SE_a² + SE_b²),
+    each SE the Bernoulli bound of ``Cell.item_se``: on 64 items a 3 % exact has SE ≈ 2.2
+    points, so one seed's 1–2 items of difference prove nothing either way.
     """
+    if (p := paired_cells(a, b)) is not None:
+        return _noise(a.mean, b.mean, p.noise, "points", p.counts())
     se_a, se_b = a.item_se, b.item_se
     if se_a is None or se_b is None:
         return False, ""
@@ -334,13 +339,11 @@ def _paired_claim(task: str, runs: list[Run]) -> str:
     item by item (musketeers.reports.paired)."""
     text = (f"§4.4 / Figure 5: on {TASK_TITLES[task]}, C raises greedy exact on validation "
             "items (same checkpoints and items with and without C, paired)")
-    p = paired_exact(runs)
+    p = paired_context(runs)
     if p is None:
         return _claim(text, None, "")
-    noise, why = _noise(p.with_c, p.without_c, p.se, "points",
-                        f"{p.n} item pairs over {p.runs} run{'s' * (p.runs != 1)}")
-    return _claim(text, p.diff > 0, f"{p.with_c:.2f} vs {p.without_c:.2f}; {why} (paired SE "
-                  f"{p.se:.2f})", noise)
+    noise, why = _noise(p.a, p.b, p.noise, "points", p.counts())
+    return _claim(text, p.diff > 0, f"{p.a:.2f} vs {p.b:.2f}; {why}", noise)
 
 
 def cell_comparisons(runs: list[Run], latents: int) -> list[str]:

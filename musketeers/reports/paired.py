@@ -1,11 +1,12 @@
-"""With C against without C on the same items: a paired difference of greedy exact.
+"""Two evaluations on the same validation items, compared item by item.
 
-Figure 5's claim is read twice. Its training reward without C is sampled on a few steps only,
-so its noise is wide. Every run of Figure 5 is also evaluated greedily with and without C on
-the same validation items, from the same checkpoint. Compared item by item, most items get
-the same verdict both ways. The standard error of the mean paired difference is then far
-smaller than two independent Bernoulli bounds (McNemar's idea), so this is the claim's
-well-powered form.
+Every greedy evaluation grades the same items (the val split, in order), whatever the method,
+seed or context. Most items get the same verdict from two policies: the easy ones both get
+right, the hard ones both miss. Two independent Bernoulli bounds ignore that, so they call a
+real difference of a few points noise. The paired difference's standard error counts only
+the items on which the two disagree (McNemar's idea), and is the evaluation noise a
+comparison of two checkpoints on these items really has. Over several seeds the spread of
+the per-seed differences adds the training's own noise; a verdict uses the larger of the two.
 """
 
 from __future__ import annotations
@@ -15,51 +16,83 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from musketeers.reports.aggregate import Run
+from musketeers.reports.aggregate import Cell, Run
 
 SAMPLES = {True: "eval_samples.jsonl", False: "eval_no_context_samples.jsonl"}
 
 
 @dataclass(frozen=True)
 class Paired:
-    """Exact with C minus exact without C, in points, over ``n`` item pairs of ``runs`` runs."""
+    """Mean of a − b over ``n`` item pairs from ``runs`` pairs of evaluations, in points."""
 
     n: int
     runs: int
-    with_c: float  # exact with C, %
-    without_c: float  # exact without C, %
-    se: float  # standard error of the mean paired difference, points
+    a: float  # the first evaluation's mean over the paired items, %
+    b: float
+    se: float  # standard error of the mean paired difference over items
+    seed_se: float | None  # std of the per-run-pair mean differences / sqrt(runs); runs ≥ 2
 
     @property
     def diff(self) -> float:
-        return self.with_c - self.without_c
+        return self.a - self.b
+
+    @property
+    def noise(self) -> float:
+        """The SE a verdict uses: the items' or the seeds', whichever is larger."""
+        return max(self.se, self.seed_se or 0.0)
+
+    def counts(self) -> str:
+        """How the SE was found, for a verdict's clause."""
+        seeds = (f", {self.runs} seeds (SE of their differences {self.seed_se:.2f})"
+                 if self.seed_se is not None else "")
+        return f"{self.n} item pairs{seeds}, paired SE {self.se:.2f}"
 
 
-def _exact_by_item(path: Path) -> dict[str, int]:
+def _by_item(path: Path, metric: str) -> dict[str, float]:
     out = {}
     for line in path.read_text().splitlines():
         row = json.loads(line)
-        out[row["id"]] = int(float(row["score"]) >= 1.0)
+        score = float(row["score"])
+        out[row["id"]] = float(score >= 1.0) if metric == "exact" else score
     return out
 
 
-def paired_exact(runs: list[Run]) -> Paired | None:
-    """The paired difference over every item graded both ways in ``runs`` (seeds pooled:
-    each item of each run is one pair). None when no run has both sample files."""
-    diffs, with_c, used = [], [], 0
-    for r in runs:
-        paths = {c: r.path / name for c, name in SAMPLES.items()}
-        if not all(p.is_file() for p in paths.values()):
-            continue
-        a, b = _exact_by_item(paths[True]), _exact_by_item(paths[False])
-        both = sorted(set(a) & set(b))
-        diffs += [a[i] - b[i] for i in both]
-        with_c += [a[i] for i in both]
-        used += bool(both)
-    n = len(diffs)
+def paired(files: list[tuple[Path, Path]], metric: str = "exact") -> Paired | None:
+    """The paired difference over the items graded in both files of each pair (a pair with a
+    missing file is skipped). None with fewer than 2 item pairs."""
+    groups = []
+    for fa, fb in files:
+        if fa.is_file() and fb.is_file():
+            a, b = _by_item(fa, metric), _by_item(fb, metric)
+            if both := sorted(set(a) & set(b)):
+                groups.append([(a[i], b[i]) for i in both])
+    pairs = [p for g in groups for p in g]
+    n = len(pairs)
     if n < 2:
         return None
+    diffs = [x - y for x, y in pairs]
     mean = sum(diffs) / n
-    var = sum((d - mean) ** 2 for d in diffs) / (n - 1)
-    pc = 100.0 * sum(with_c) / n
-    return Paired(n, used, pc, pc - 100.0 * mean, 100.0 * math.sqrt(var / n))
+    se = 100.0 * math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n)
+    seed_se = None
+    if len(groups) >= 2:
+        means = [sum(x - y for x, y in g) / len(g) for g in groups]
+        m = sum(means) / len(means)
+        sd = math.sqrt(sum((v - m) ** 2 for v in means) / (len(means) - 1))
+        seed_se = 100.0 * sd / math.sqrt(len(means))
+    return Paired(n, len(groups), 100.0 * sum(x for x, _ in pairs) / n,
+                  100.0 * sum(y for _, y in pairs) / n, se, seed_se)
+
+
+def paired_context(runs: list[Run]) -> Paired | None:
+    """Exact with C against without C, each run against itself (Figure 5 on held-out items)."""
+    return paired([(r.path / SAMPLES[True], r.path / SAMPLES[False]) for r in runs])
+
+
+def paired_cells(a: Cell, b: Cell) -> Paired | None:
+    """Cell ``a`` against cell ``b``, run against run on the same seed; a ``b`` of one run
+    (the untrained policy, whose greedy evaluation has no seed) serves every seed of ``a``."""
+    by_seed = {r.seed: r for r in b.graded}
+    only = b.graded[0] if len(b.graded) == 1 else None
+    files = [(r.path / SAMPLES[True], other.path / SAMPLES[True]) for r in a.graded
+             if (other := by_seed.get(r.seed, only)) is not None]
+    return paired(files, a.metric)

@@ -293,8 +293,11 @@ def write_report(grid: Grid, runs_dir: Path, reports_dir: Path) -> Path:
         md.append(f"- {TASK_TITLES[task]}: {text}")
     md += ["", "## Agreement with the paper", "",
            "Findings, in exact (\"but within noise\": the difference is within 2 standard "
-           "errors of its noise, a Bernoulli bound over the graded items or sampled "
-           "completions, or the spread over seeds for routing, so it is no finding either way;"
+           "errors of its noise, so it is no finding either way. Two evaluations are compared "
+           "item by item on the same validation items and seeds where their graded completions "
+           "were kept (the SE of the paired difference, or of the per-seed differences if "
+           "larger), else by two Bernoulli bounds; sampled rewards by Bernoulli bounds; "
+           "routing by the spread over seeds;"
            " each claim for Ours is stated against a control on the same seeds, and one "
            "without its control run is \"not evidence\"):", "",
            *paper_claims(runs, latents, {group_key(r.fields)["task"] for r in grid.runs}), "",
