@@ -118,3 +118,24 @@ def test_first_token_pooling_is_one_vector_per_expert_and_flagged():
     hints_only = resolve_config(None, dict(task="logic", team=None, experts=TINY, budget="smoke",
                                            method="output_collab", cache_dir=str(FIXTURES)))
     assert load_split(hints_only, "train", TINY).constant_experts() == []  # no vectors read
+
+
+def test_evaluation_batches_by_length_and_keeps_the_split_order(tmp_path):
+    """Logic prompts of unequal length: batches of 3 grouped by length give every item the
+    completion it gets alone (batch 1, no padding), and the samples keep the split's order."""
+    from musketeers.cache.reader import read_items
+    from musketeers.evaluate import evaluate, length_batches
+
+    cfg = run_cfg(tmp_path, "perceiver", steps=1)
+    train(cfg)
+    run = Path(cfg.run_dir)
+    rows = {}
+    for b in (1, 3):
+        evaluate(run, limit=8, batch_size=b)
+        rows[b] = [json.loads(x) for x in (run / "eval_samples.jsonl").read_text().splitlines()]
+    ids = [it.id for it in read_items(FIXTURES, "logic", "val")[:8]]
+    assert [r["id"] for r in rows[3]] == [r["id"] for r in rows[1]] == ids
+    assert [r["completion"] for r in rows[3]] == [r["completion"] for r in rows[1]]
+    lengths = [5, 9, 2, 9, 7]
+    batches = [b.tolist() for b in length_batches([[0] * n for n in lengths], 2)]
+    assert batches == [[1, 3], [4, 0], [2]]
