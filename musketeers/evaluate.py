@@ -26,6 +26,7 @@ from musketeers.cache.errors import UserError
 from musketeers.cache.progress import progress
 from musketeers.config import read_run_config
 from musketeers.rollout import adapter_context, policy_score
+from musketeers.runlog import eval_files
 from musketeers.tasks import extract_answer
 
 
@@ -81,10 +82,10 @@ def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = Fals
         "extraction": cfg.extraction,
         "checkpoint": last.name,
     }
-    name = "eval_no_context" if no_context else "eval"
-    with open(run_dir / f"{name}_samples.jsonl", "w") as f:
+    result_file, samples_file = eval_files(context=not no_context)
+    with open(run_dir / samples_file, "w") as f:
         f.writelines(json.dumps(s) + "\n" for s in samples)
-    (run_dir / f"{name}.json").write_text(json.dumps(result, indent=2))
+    (run_dir / result_file).write_text(json.dumps(result, indent=2))
     return result
 
 

@@ -17,6 +17,13 @@ def mean_or_none(xs: list[float]) -> float | None:
     return float(np.mean(xs)) if xs else None
 
 
+def eval_files(context: bool = True) -> tuple[str, str]:
+    """A run's greedy evaluation outputs, with C or without it (Figure 5): the result json
+    and its graded completions, one jsonl row per validation item."""
+    name = "eval" if context else "eval_no_context"
+    return f"{name}.json", f"{name}_samples.jsonl"
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """metrics.jsonl rows; a torn last line (a run killed mid-write) is ignored."""
     rows = []

@@ -23,7 +23,7 @@ import yaml
 from musketeers import methods
 from musketeers.reports.grid import ignored, is_finished
 from musketeers.routing import spearman
-from musketeers.runlog import mean_or_none, read_metrics
+from musketeers.runlog import eval_files, mean_or_none, read_metrics
 
 GROUP_FIELDS = ("task", "method", "team", "pooling", "latents")
 METRICS = ("exact", "score")
@@ -183,7 +183,7 @@ def load_run(path: Path) -> Run | None:
         return None
     config = yaml.safe_load(cfg_path.read_text()) or {}
     summary = _read_json(path / "summary.json")
-    ev = _read_json(path / "eval.json")
+    ev = _read_json(path / eval_files(True)[0])
     error_path = path / "error.txt"
     error = error_path.read_text().splitlines()[0] if error_path.is_file() else None
     if is_finished(path) and ev is not None:
@@ -195,7 +195,7 @@ def load_run(path: Path) -> Run | None:
     return Run(
         name=path.name, path=path, config=config, status=status, error=error,
         metrics=read_metrics(path / "metrics.jsonl"), summary=summary, eval=ev,
-        eval_no_context=_read_json(path / "eval_no_context.json"),
+        eval_no_context=_read_json(path / eval_files(False)[0]),
         inputs=_read_json(path / "inputs.json"),
     )
 

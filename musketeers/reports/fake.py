@@ -17,7 +17,7 @@ import yaml
 
 from musketeers import methods
 from musketeers.config import TrainConfig
-from musketeers.runlog import summarize
+from musketeers.runlog import eval_files, summarize
 
 FAKE_TEAMS = {
     "default": ["qwen-math", "qwen-coder", "llama-generalist"],
@@ -80,7 +80,7 @@ def fake_evaluate(run_dir: Path, limit: int | None = None, context: bool = True)
     exact = float(np.clip(0.5 + rng.normal(0, 0.08) - (0 if context else 0.1), 0, 1))
     result = {"exact": exact, "score": min(1.0, exact + 0.05), "n": limit or 64,
               "split": "val"}
-    name = "eval.json" if context else "eval_no_context.json"
+    name = eval_files(context)[0]
     (Path(run_dir) / name).write_text(json.dumps(result))
     return result
 

@@ -26,6 +26,7 @@ import yaml
 from musketeers import experiment, methods
 from musketeers.cache.errors import UserError
 from musketeers.reports.ledger import discard, timed
+from musketeers.runlog import eval_files
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +226,7 @@ def set_aside(runs_dir: Path, name: str, changed: dict[str, tuple[Any, Any]],
 def run_status(run_dir: Path, no_context: bool = False) -> str:
     """``done`` (trained and evaluated), ``trained`` (needs evaluation), ``failed``, ``missing``."""
     if is_finished(run_dir):
-        evals = ["eval.json"] + (["eval_no_context.json"] if no_context else [])
+        evals = [eval_files(c)[0] for c in ((True, False) if no_context else (True,))]
         return "done" if all((run_dir / e).is_file() for e in evals) else "trained"
     if (run_dir / "error.txt").is_file():
         return "failed"
@@ -351,7 +352,7 @@ def run_grid(
                     run_dir = Path(train_fn(cfg))
                 result.trained.append(run.name)
             for context in (True, False) if run.eval_no_context else (True,):
-                out = "eval.json" if context else "eval_no_context.json"
+                out = eval_files(context)[0]
                 if not (run_dir / out).is_file():
                     with timed(ledger, "eval", f"{run.name}/{out}"):
                         result_ = eval_fn(run_dir, grid.eval_limit, context)

@@ -64,7 +64,7 @@ def totals(path: Path) -> dict[str, float]:
         return {}
     out = dict.fromkeys(PHASES, 0.0)
     finished = discarded = 0.0
-    for row, stale in _calls(path):
+    for row, _, stale in _calls(path):
         seconds = float(row["seconds"])
         if stale:
             discarded += seconds
@@ -83,16 +83,15 @@ def run_seconds(path: Path) -> dict[str, float]:
     out: dict[str, float] = {}
     if not path.is_file():
         return out
-    for row, stale in _calls(path):
+    for row, run, stale in _calls(path):
         if not stale and row.get("ok") and row["phase"] in ("train", "eval"):
-            run = row["name"].split("/")[0]
             out[run] = out.get(run, 0.0) + float(row["seconds"])
     return out
 
 
-def _calls(path: Path) -> Iterator[tuple[dict, bool]]:
-    """Every call of the ledger, and whether a later ``discard`` of its run made it stale.
-    A torn line (the process killed mid-write) is skipped."""
+def _calls(path: Path) -> Iterator[tuple[dict, str, bool]]:
+    """Every call of the ledger, its run, and whether a later ``discard`` of that run made
+    it stale. A torn line (the process killed mid-write) is skipped."""
     rows = []
     for line in path.read_text().splitlines():
         try:
@@ -101,5 +100,6 @@ def _calls(path: Path) -> Iterator[tuple[dict, bool]]:
             continue
     last_discard = {row["name"]: i for i, row in enumerate(rows) if row["phase"] == "stale"}
     for i, row in enumerate(rows):
-        if row["phase"] != "stale":  # eval names are run/file
-            yield row, last_discard.get(row["name"].split("/")[0], -1) > i
+        if row["phase"] != "stale":
+            run = row["name"].split("/")[0]  # eval calls are named run/file
+            yield row, run, last_discard.get(run, -1) > i

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from musketeers.reports.aggregate import Cell, Run
-
-SAMPLES = {True: "eval_samples.jsonl", False: "eval_no_context_samples.jsonl"}
+from musketeers.runlog import eval_files
 
 
 @dataclass(frozen=True)
@@ -85,7 +84,7 @@ def paired(files: list[tuple[Path, Path]], metric: str = "exact") -> Paired | No
 
 def paired_context(runs: list[Run]) -> Paired | None:
     """Exact with C against without C, each run against itself (Figure 5 on held-out items)."""
-    return paired([(r.path / SAMPLES[True], r.path / SAMPLES[False]) for r in runs])
+    return paired([(r.path / eval_files(True)[1], r.path / eval_files(False)[1]) for r in runs])
 
 
 def paired_cells(a: Cell, b: Cell) -> Paired | None:
@@ -93,6 +92,6 @@ def paired_cells(a: Cell, b: Cell) -> Paired | None:
     (the untrained policy, whose greedy evaluation has no seed) serves every seed of ``a``."""
     by_seed = {r.seed: r for r in b.graded}
     only = b.graded[0] if len(b.graded) == 1 else None
-    files = [(r.path / SAMPLES[True], other.path / SAMPLES[True]) for r in a.graded
+    files = [(r.path / eval_files()[1], other.path / eval_files()[1]) for r in a.graded
              if (other := by_seed.get(r.seed, only)) is not None]
     return paired(files, a.metric)

@@ -17,11 +17,10 @@ from pathlib import Path
 
 from musketeers.reports.grid import Grid, is_finished, run_status
 from musketeers.reports.ledger import ledger_path
+from musketeers.runlog import eval_files
 
 ARTEFACTS = ("config.yaml", "metrics.jsonl", "summary.json", "fingerprints.json", "inputs.json",
-             "error.txt",
-             "eval.json", "eval_samples.jsonl", "eval_no_context.json",
-             "eval_no_context_samples.jsonl")
+             "error.txt", *eval_files(True), *eval_files(False))
 
 
 def publish_run(src: Path, dest: Path) -> None:
