@@ -89,3 +89,15 @@ def test_unknown_section_is_refused():
     with pytest.raises(SystemExit):
         parse(["--only", "matmul,nope"])
     assert torch.get_num_threads() >= 1
+
+
+def test_sharing_bench_runs_both_ways_and_they_agree():
+    """The sharing rows compare the same passes with sharing off and on; on a tiny policy with
+    the pocket task's chat prompts they must give the same log-probs and greedy completions."""
+    from musketeers.bench.sharing_bench import bench_sharing
+
+    r = bench_sharing("tiny", "arithmetic:easy@direct", reps=1, warmup=0, prompts=3, group=4,
+                      new_tokens=6, eval_batch=12)
+    assert all(len(r[k][m]) == 1 for k in ("ref_s", "policy_s", "eval_s") for m in ("off", "on"))
+    assert r["max_dlogp"][0] < 1e-4
+    assert r["eval_identical"] == [12]

@@ -141,15 +141,24 @@ def one_at_a_time_logprobs(pol, prompt, c, comp, reference=False):
     return lp.gather(-1, torch.tensor(comp)[:, None]).squeeze(-1)
 
 
+# G = 4 completions per prompt, ragged; the middle chunk cost mixes prompts in a chunk
+COMPS4 = [[5, 6, 7, 1, 9], [8, 2], [9, 10, 11, 12, 13, 14, 3], [1, 4, 4],
+          [20, 21, 5, 6, 7, 8], [22], [23, 24, 2, 2], [7, 7],
+          [3, 4, 5, 6, 7, 8, 9], [30, 31, 32], [4, 4, 4, 4, 4], [1]]
+
+
 @pytest.mark.parametrize("arch,position", [("llama", "after_prompt"), ("qwen2", "after_prompt"),
                                            ("llama", "before_prompt"), ("gpt2", "after_prompt"),
                                            ("qwen2", "before_generation_prompt")])
-def test_batched_logprobs_and_grads_equal_one_at_a_time(arch, position):
+@pytest.mark.parametrize("chunk_cost", [0, 3, 10**6])  # each length alone; mixed; one chunk
+def test_batched_logprobs_and_grads_equal_one_at_a_time(arch, position, chunk_cost,
+                                                        monkeypatch):
+    monkeypatch.setattr("musketeers.policy.CHUNK_COST", chunk_cost)
     pol = make_policy(arch, position)
     p = pol.encode_prompts(PROMPTS)
     c = ctx(pol).requires_grad_(True)
-    logp, mask = pol.completion_logprobs(p, c, COMPS)  # 3 prompts × G=2, ragged
-    assert logp.shape == mask.shape == (6, 6)
+    logp, mask = pol.completion_logprobs(p, c, COMPS4)  # 3 prompts × G=4, ragged
+    assert logp.shape == mask.shape == (12, 7)
     logp.sum().backward()
     lora = [q for n, q in pol.model.named_parameters() if "lora_" in n]
     g_batched = [q.grad.clone() for q in lora] + [c.grad.clone()]
@@ -158,8 +167,8 @@ def test_batched_logprobs_and_grads_equal_one_at_a_time(arch, position):
     c.grad = None
 
     total = 0
-    for n, comp in enumerate(COMPS):
-        ref = one_at_a_time_logprobs(pol, p[n // 2], c[n // 2], comp)
+    for n, comp in enumerate(COMPS4):
+        ref = one_at_a_time_logprobs(pol, p[n // 4], c[n // 4], comp)
         assert torch.allclose(logp[n, : len(comp)], ref, atol=1e-5)
         assert mask[n].sum() == len(comp) and (logp[n, len(comp) :] == 0).all()
         total = total + ref.sum()
@@ -253,7 +262,10 @@ def test_greedy_generate_equals_manual_loop_and_one_call(arch):
     out = pol.generate(p, c, group_size=2, max_new_tokens=8, greedy=True)
     hook.remove()
     prefix = max(len(x) for x in p) + c.shape[1]
-    assert shapes == [(3, prefix)] + [(6, 1)] * 7  # one prefill, then one row-batch per token
+    k = pol._common_head(p)
+    assert k == 6  # "<|im_start|>user\n": one special token, then one token per character
+    # the shared head once, then each prompt's rest, then one row-batch per token
+    assert shapes == [(1, k), (3, prefix - k)] + [(6, 1)] * 7
     assert len(out) == 6
     for n, row in enumerate(out):
         assert row == manual_greedy(pol, p[n // 2], c[n // 2], 8)  # new tokens only
@@ -266,6 +278,28 @@ def test_greedy_generate_equals_manual_loop_and_one_call(arch):
     for full, short in zip(out, cut, strict=True):
         k = full.index(stop) + 1 if stop in full else len(full)
         assert short == full[:k]
+
+
+@pytest.mark.parametrize("position", ["after_prompt", "before_generation_prompt",
+                                      "before_prompt"])
+def test_common_head_stops_before_context_and_leaves_each_row_a_token(position):
+    """The head shared by all prompts never reaches C's slot (tokens after it would see C in
+    a row's own pass but not in the shared one) and leaves every row at least one token."""
+    pol = make_policy(position=position)
+    same = pol.encode_prompts(["what is 2+2?"] * 3)
+    n = len(same[0])
+    expect = {"after_prompt": n - 1, "before_generation_prompt": n - pol.generation_prompt_len,
+              "before_prompt": 0}[position]
+    assert pol._common_head(same) == expect
+    assert pol._common_head(same[:1]) == 0  # one prompt: nothing to share
+    pol.share = False  # the benchmark's baseline runs every token
+    assert pol._common_head(same) == 0
+    pol.share = True
+    p = pol.encode_prompts(PROMPTS)
+    out = pol.generate(p, ctx(pol), group_size=2, max_new_tokens=5, greedy=True)
+    for n, row in enumerate(out):  # a row's tokens do not depend on the head being shared
+        assert row == pol.generate([p[n // 2]], ctx(pol)[n // 2 : n // 2 + 1], group_size=1,
+                                   max_new_tokens=5, greedy=True)[0]
 
 
 def test_force_full_length_runs_every_row_to_max_new_tokens():

@@ -22,7 +22,7 @@ from musketeers.bench import report as rp
 from musketeers.bench.machine import OFFLINE_ENV, machine_info, median, set_threads, versions
 
 log = logging.getLogger("musketeers.bench")
-SECTIONS = ("matmul", "precompute", "reads", "train", "trl", "gpu")
+SECTIONS = ("matmul", "precompute", "reads", "train", "trl", "sharing", "gpu")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -187,6 +187,29 @@ def section_trl(rep: rp.Report, args, ctx: dict) -> None:
     rep.row("trl", "completion lengths single | TRL",
             f"{res['single']['completion_len']} | {res['trl']['completion_len']}")
     rep.check("trl", "steps/s single ÷ TRL (equal work)", trl / ours, 2.5, "{:.2f}×")
+
+
+def section_sharing(rep: rp.Report, args, ctx: dict) -> None:
+    from musketeers.bench.sharing_bench import bench_sharing
+    from musketeers.bench.trl_bench import REGIMES
+
+    pocket = REGIMES["pocket"]
+    r = bench_sharing(args.policy or pocket["policy"], pocket["task"], args.reps,
+                      0 if args.quick else 1)
+    for key, what in (("ref_s", "reference log-probs"),
+                      ("policy_s", "policy log-probs + backward"),
+                      ("eval_s", "greedy evaluation, 64 val prompts")):
+        for mode in ("off", "on"):
+            rep.measure("sharing", f"{what}, sharing {mode}", "s", r[key][mode])
+        ratio = median(r[key]["off"]) / median(r[key]["on"])
+        rep.row("sharing", f"{what}: off ÷ on", f"{ratio:.2f}×")
+    passes = [a + b for a, b in zip(r["ref_s"]["off"], r["policy_s"]["off"], strict=True)]
+    shared = [a + b for a, b in zip(r["ref_s"]["on"], r["policy_s"]["on"], strict=True)]
+    rep.row("sharing", f"log-prob passes of a step ({r['policy']}, {r['dtype']}): off ÷ on",
+            f"{median(passes) / median(shared):.2f}× (completions "
+            f"{', '.join(f'{x:.1f}' for x in r['completion_len'])} tokens on average)")
+    rep.row("sharing", "agreement: max |Δ log p| | identical greedy completions",
+            f"{max(r['max_dlogp']):.1e} | {', '.join(map(str, r['eval_identical']))} of 64")
 
 
 def section_gpu(rep: rp.Report, args, ctx: dict) -> None:
