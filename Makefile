@@ -40,7 +40,7 @@ demo: install
 	$(MUSK) train --task "$(TASK)" --team $(TEAM) --budget smoke --policy smollm2 --run-dir runs/demo \
 		$(if $(wildcard runs/demo/config.yaml),--resume,)
 	$(MUSK) eval runs/demo --limit $(LIMIT)
-	$(MUSK) demo planted --seeds 0
+	$(MUSK) demo planted
 
 test: install
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -q -m "not slow"

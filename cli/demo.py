@@ -15,7 +15,9 @@ demo_app = typer.Typer(help="Self-contained demonstrations.", no_args_is_help=Tr
 
 @demo_app.command("planted")
 def planted(
-    seeds: Annotated[str, typer.Option(help="comma-separated seeds")] = "0,1,2",
+    seeds: Annotated[str | None, typer.Option(
+        help="comma-separated seeds, at least 3 for a verdict (default: the variant's, "
+        "musketeers.planted.MARGINS)")] = None,
     steps: Annotated[int | None, typer.Option(
         help="GRPO steps per run (default: the variant's, musketeers.planted.MARGINS, "
         "which the check's margins are sized for)")] = None,
@@ -27,15 +29,18 @@ def planted(
 ) -> None:
     """Train a tiny policy on a store where only one expert knows the answer.
 
-    With C (perceiver) the reward must rise well above chance (0.1) while the informative
-    expert's utilisation rises and ρ(reward, H) turns negative, each by more than in its
-    shuffled_reward control on the same seed; without C (single) it stays at chance.
+    With C (perceiver) the reward must rise above chance (0.1) by more than in its
+    shuffled_reward control on every seed, and over the seeds the informative expert's
+    utilisation must rise and ρ(reward, H) fall by more than in the control, beyond two
+    standard errors; without C (single) it stays at chance.
     """
     from musketeers.planted import MARGINS, VARIANTS, check_rows, print_table, run_planted
 
     if variant not in VARIANTS:
         raise UserError(f"--variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
     steps = MARGINS[variant].steps if steps is None else steps
+    if seeds is None:
+        seeds = ",".join(map(str, MARGINS[variant].seeds))
 
     try:
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
@@ -51,7 +56,7 @@ def planted(
         typer.echo(f"FAILED: {line}")
     if failed:
         raise typer.Exit(1)
-    typer.echo(f"planted-expert check ({variant}) passed on every seed")
+    typer.echo(f"planted-expert check ({variant}) passed on seeds {seeds}")
 
 
 def register(app: typer.Typer) -> None:
