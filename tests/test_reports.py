@@ -327,6 +327,8 @@ def test_report_states_how_much_learning_signal_the_runs_had(tmp_path: Path):
     assert ("Answer format: of the greedy validation completions, 25% wrote an `<answer>…"
             "</answer>` for the scorer to grade (25%–25% over 1 run with that count); 50% ran "
             "out of new tokens") in text
+    assert f"stopped answering (under 50% answered): {grid.runs[0].name} (25%)" in text
+    assert text.count("stopped answering") == 1  # the runs that answered are not named
     assert "on average 25%" in text and "10%–100% across the 6 finished trained runs" in text
     # the same run as an untrained baseline (lr 0) leaves the trained runs' average alone
     cfg_path = runs_dir / grid.runs[0].name / "config.yaml"

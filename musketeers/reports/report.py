@@ -206,6 +206,9 @@ def learning_signal(runs: list[Run]) -> list[str]:
     return [line, *answer_format(runs)]
 
 
+STOPPED_ANSWERING = 50  # % of greedy completions with an <answer>, below which a run is named
+
+
 def answer_format(runs: list[Run]) -> list[str]:
     """Why greedy exact and score are low, when they are: completions without an
     ``<answer>`` score 0, and a completion cut off at max_new_tokens rarely reached one."""
@@ -219,9 +222,17 @@ def answer_format(runs: list[Run]) -> list[str]:
                        "with that count)")
     if not out:
         return []
-    return [f"- Answer format: of the greedy validation completions, {'; '.join(out)}. "
+    line = (f"- Answer format: of the greedy validation completions, {'; '.join(out)}. "
             "A completion without an answer scores 0 whatever it says; each run's completions "
-            "are in its `eval_samples.jsonl`"]
+            "are in its `eval_samples.jsonl`")
+    silent = [f"{r.name} ({v:.0f}%)" for r in runs
+              if (v := r.eval_share("answered")) is not None and v < STOPPED_ANSWERING]
+    if silent:
+        # such a policy gets reward 0 on every sample, so no update has signal again: its
+        # exact measures the collapse, not what the method does with its experts
+        line += (f". Runs whose policy stopped answering (under {STOPPED_ANSWERING}% answered): "
+                 f"{', '.join(silent)}; their exact measures that collapse, not the method")
+    return [line]
 
 
 def _old_evals(runs: list[Run]) -> list[str]:
