@@ -19,6 +19,7 @@ so a falling entropy is no evidence that reward shaped the routing.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from musketeers.cache.errors import UserError
 from musketeers.cache.items import items_fingerprint
 from musketeers.config import TrainConfig, resolve_config
 from musketeers.planted_chat import CHAT_STEPS, chat_overrides
+from musketeers.reports.aggregate import mean_std
 
 # No name below is known to the trainer: the team is a team file written beside the store and
 # the policy a ``module:function`` factory, the paths any user's own team and model take.
@@ -285,9 +287,9 @@ def _check_variant(rows: list[dict[str, Any]], m: Margins, tag: str) -> list[str
         elif _gain(r, "reward") <= _gain(c, "reward"):
             bad.append(f"perceiver seed {seed}{tag}: reward gain {_gain(r, 'reward'):+.3f} "
                        f"does not exceed its control's {_gain(c, 'reward'):+.3f}")
-    seeds = sorted(ours.keys() & controls.keys())
     if not ours:
         return bad
+    seeds = sorted(ours.keys() & controls.keys())
     if len(seeds) < MIN_SEEDS:
         return bad + [f"Ours{tag}: {len(seeds)} seed(s) with a {CONTROL} control; a verdict "
                       f"needs {MIN_SEEDS} (the standard error of their differences)"]
@@ -303,18 +305,12 @@ def _check_variant(rows: list[dict[str, Any]], m: Margins, tag: str) -> list[str
                                          for s in seeds], 0.0),
             ("-ρ(reward, H)", [controls[s]["rho"] - ours[s]["rho"] for s in rho],
              m.min_rho_below_control)):
-        mean, se = paired_over_seeds(diffs)
+        mean, sd = mean_std(diffs)  # paired over seeds: SE = sd / √n
+        se = math.inf if sd is None else sd / math.sqrt(len(diffs))
         if not mean > max(floor, 2 * se):
             bad.append(f"Ours{tag} − {CONTROL}, {what}: {mean:+.3f} over {len(diffs)} seeds "
                        f"does not clear max({floor}, 2 SE = {2 * se:.3f})")
     return bad
-
-
-def paired_over_seeds(diffs: list[float]) -> tuple[float, float]:
-    """Mean of per-seed differences and its standard error (sample std / √n; inf below 2)."""
-    if len(diffs) < 2:
-        return (float(np.mean(diffs)) if diffs else float("nan")), float("inf")
-    return float(np.mean(diffs)), float(np.std(diffs, ddof=1) / np.sqrt(len(diffs)))
 
 
 def _window(values: list[float], frac: float, last: bool) -> float:

@@ -351,6 +351,7 @@ class Policy:
         fixed = CHUNK_COST if self.share and self.device.type == "cpu" else None
         chunks = length_chunks(lengths, fixed) if fixed is not None else [range(len(lengths))]
         pieces, order = [], []
+        _, mask = pad(completion_ids, self.pad_id, "right")
         for chunk in chunks:
             rows = torch.tensor(list(chunk), device=self.device)
             src = rows // g  # each completion's prompt
@@ -368,12 +369,10 @@ class Policy:
                              use_cache=True, logits_to_keep=ids.shape[1])
             logits = torch.cat([first[src].unsqueeze(1), nxt.logits[:, :-1]], dim=1)
             logp = token_logprobs(logits, ids, temperature) * cmask
-            pieces.append((torch.nn.functional.pad(logp, (0, t - ids.shape[1])),
-                           torch.nn.functional.pad(cmask, (0, t - ids.shape[1]))))
+            pieces.append(torch.nn.functional.pad(logp, (0, t - ids.shape[1])))
             order.extend(chunk)
         back = torch.tensor(order, device=self.device).argsort()  # rows back in their order
-        return (torch.cat([lp for lp, _ in pieces])[back],
-                torch.cat([m for _, m in pieces])[back])
+        return torch.cat(pieces)[back], mask.to(self.device)
 
     def _shared_prefill(self, prompts: list[list[int]], context: Tensor | None, g: int):
         """One forward over B prefixes [x ‖ C], its KV cache repeated G times (group-major) so
