@@ -307,7 +307,9 @@ def test_report_states_how_much_learning_signal_the_runs_had(tmp_path: Path):
     run_grid(grid, runs_dir, partial(fake_train, steps=5), fake_evaluate, IDENTITY)
     text = write_report(grid, runs_dir, tmp_path / "reports").read_text()
     assert "Learning signal: on average 10% of the sampled groups" in text  # fake: 0.1/step
-    assert "cannot separate the methods" not in text
+    assert "at most the 50% the pocket regime was sized for" in text
+    assert "0 of 30 updates were skipped" in text  # six runs of five steps, none skipped
+    assert "few informative groups" not in text and "without `skip_no_signal`" not in text
     assert "| train reward | groups without signal |" in text
     # one of the six runs without any signal: five at 10 % and one at 100 % average 25 %
     path = runs_dir / grid.runs[0].name / "metrics.jsonl"
@@ -340,8 +342,15 @@ def test_report_states_how_much_learning_signal_the_runs_had(tmp_path: Path):
         p = runs_dir / run.name / "metrics.jsonl"
         p.write_text("".join(json.dumps({**json.loads(x), "zero_var_frac": 0.9}) + "\n"
                              for x in p.read_text().splitlines()))
-    assert "cannot separate the methods" in write_report(grid, runs_dir,
-                                                         tmp_path / "reports").read_text()
+    text = write_report(grid, runs_dir, tmp_path / "reports").read_text()
+    assert "above the 50% the pocket regime was sized for" in text
+    assert "few informative groups" in text and "without `skip_no_signal`" not in text
+    # a run trained without the guard is named: its KL-only updates moved routing
+    cfg_path = runs_dir / grid.runs[1].name / "config.yaml"
+    cfg_path.write_text(yaml.safe_dump({**yaml.safe_load(cfg_path.read_text()),
+                                        "skip_no_signal": False}))
+    text = write_report(grid, runs_dir, tmp_path / "reports").read_text()
+    assert "1 of these runs trained without `skip_no_signal`" in text
 
 
 def test_figures_are_readable_pngs(tmp_path: Path):

@@ -178,31 +178,43 @@ def _runs_table(runs: list[Run]) -> list[str]:
     return lines
 
 
-# Above this mean fraction of zero-variance groups, the report says the runs barely trained.
+# Above this mean fraction of zero-variance groups most of a step's samples teach nothing; the
+# issue that set the pocket regime asks for at most this share over the main runs.
 WEAK_SIGNAL = 0.5
 
 
 def learning_signal(runs: list[Run]) -> list[str]:
-    """A plain statement of how much GRPO signal the grid's training had: with every reward
-    of a group equal (all 0, typically) the advantage is 0, and the tables then compare
-    policies that barely moved from their initialisation."""
+    """How much GRPO signal the grid's training had, as measured: the share of sampled groups
+    whose G rewards were all equal (advantage 0), the updates skipped for want of any such
+    signal, and, only for runs trained without ``skip_no_signal``, the warning that their
+    KL-only updates moved the adapter without reward."""
     # a baseline that does not train (``untrained``: one step at lr 0) samples groups too, but
     # its share says nothing of the signal the trained runs had
-    fracs = [r.no_signal for r in runs if r.status == "done" and r.no_signal is not None
-             and (r.spec is None or r.spec.trains)]
-    if not fracs:
+    trained = [r for r in runs if r.status == "done" and r.no_signal is not None
+               and (r.spec is None or r.spec.trains)]
+    if not trained:
         return answer_format(runs)
+    fracs = [float(r.no_signal) for r in trained]
     mean = float(np.mean(fracs))
     line = (f"- Learning signal: on average {mean:.0%} of the sampled groups had G equal "
             f"rewards (zero advantage, no policy gradient), {min(fracs):.0%}–{max(fracs):.0%} "
-            f"across the {len(fracs)} finished trained run{'s' * (len(fracs) != 1)}")
+            f"across the {len(fracs)} finished trained run{'s' * (len(fracs) != 1)}; "
+            + ("at most" if mean <= WEAK_SIGNAL else "above")
+            + f" the {WEAK_SIGNAL:.0%} the pocket regime was sized for")
+    skipped = [(r.updates_skipped, len(r.metrics)) for r in trained
+               if r.updates_skipped is not None]
+    if skipped:
+        line += (f"; {sum(k for k, _ in skipped)} of {sum(n for _, n in skipped)} updates "
+                 "were skipped because no group in them had signal")
     if mean > WEAK_SIGNAL:
-        line += ("; most updates carried no reward signal, so these runs stayed close to "
-                 "their initial policies and the tables cannot separate the methods: more "
-                 "steps, a larger policy or more new tokens (the `paper` budget) give the "
-                 "comparison its meaning. Routing still moves in such runs: the KL term's "
-                 "gradient is all there is, and Adam scales even a tiny one to lr-sized steps, "
-                 "so Figure 4's curves there are not shaped by reward")
+        line += ("; most samples carried no reward signal, so differences between methods "
+                 "rest on few informative groups: read them with the verdicts' noise bars")
+    unguarded = [r for r in trained if r.config.get("skip_no_signal") is False]
+    if unguarded:
+        line += (f". {len(unguarded)} of these runs trained without `skip_no_signal`: on "
+                 "their updates without signal the KL term's gradient is all there is, and "
+                 "Adam scales even a tiny one to lr-sized steps, so their routing curves "
+                 "move without reward")
     return [line, *answer_format(runs)]
 
 
