@@ -48,7 +48,7 @@ from torch import Tensor
 from musketeers.cache.backbone import pad
 from musketeers.cache.prompts import generation_prompt_len, render_prompt
 from musketeers.config import CONTEXT_POSITIONS
-from musketeers.sampling import decode
+from musketeers.sampling import decode, token_logprobs
 from musketeers.sharing import cache_rows, common_head, length_chunks
 
 # A forward's own cost, in tokens, when completions are split by length (length_chunks): on a
@@ -82,14 +82,6 @@ def _contiguous_input(_module, args):
     the whole prompt prefill. A contiguous copy of the small slice costs microseconds.
     """
     return (args[0].contiguous(), *args[1:])
-
-
-def token_logprobs(logits: Tensor, ids: Tensor, temperature: float) -> Tensor:
-    """log softmax(logits / temperature) at ``ids``: [N, T, V], [N, T] → [N, T] float32."""
-    logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    return logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
 class Policy:

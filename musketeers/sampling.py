@@ -52,6 +52,16 @@ def sample_tokens(
     return idx.squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
+def token_logprobs(logits: Tensor, ids: Tensor, temperature: float) -> Tensor:
+    """log softmax(logits / temperature) at ``ids``: [N, T, V], [N, T] → [N, T] float32, the
+    distribution ``sample_tokens`` draws from (before top_p), so a sampled token's log-prob
+    in the GRPO ratio is that of the draw."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
 def preallocate(cache, max_len: int):
     """Move a filled ``DynamicCache`` into buffers of ``max_len`` positions, in place.
 

@@ -146,7 +146,9 @@ def _metrics(cfg, step, rollouts, names, losses, kls, norms, optimizer, wall) ->
     """The metrics.jsonl row. ``reward_mean`` is the mean task score of the sampled
     completions (the reward GRPO maximises), ``exact`` the share scoring 1; ``zero_var_frac``
     (TRL's frac_reward_zero_std), ``truncated_frac`` and ``answered_frac`` say why a reward
-    is what it is."""
+    is what it is. ``solved_frac`` is the share of groups whose G samples all scored 1: the
+    zero-variance groups that were too easy, so the rest of ``zero_var_frac`` is (nearly all)
+    groups too hard for any sample, and the two call for opposite changes of difficulty."""
     rewards = torch.cat([r.rewards.flatten() for r in rollouts])
     lengths = [len(c) for r in rollouts for c in r.completions]
     zero_var = torch.cat([zero_variance_groups(r.rewards) for r in rollouts]).float()
@@ -160,6 +162,8 @@ def _metrics(cfg, step, rollouts, names, losses, kls, norms, optimizer, wall) ->
         "grad_norm": mean_or_none(norms),
         "completion_len": float(np.mean(lengths)),
         "zero_var_frac": float(zero_var.mean()),
+        "solved_frac": float(torch.cat([(r.rewards >= 1.0).all(-1)
+                                        for r in rollouts]).float().mean()),
         "truncated_frac": float(np.mean([not e for r in rollouts for e in r.ended])),
         "answered_frac": float(np.mean([a for r in rollouts for a in r.answered])),
         "lr": optimizer.param_groups[0]["lr"],

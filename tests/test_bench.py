@@ -101,3 +101,26 @@ def test_sharing_bench_runs_both_ways_and_they_agree():
     assert all(len(r[k][m]) == 1 for k in ("ref_s", "policy_s", "eval_s") for m in ("off", "on"))
     assert r["max_dlogp"][0] < 1e-4
     assert r["eval_identical"] == [12]
+
+
+def test_groups_with_signal_is_the_expectation_over_every_subset():
+    from itertools import combinations
+
+    import numpy as np
+
+    from musketeers.bench.signal import groups_with_signal
+
+    rng = np.random.default_rng(0)
+    # partial-credit scores: a few distinct values per prompt, some prompts all alike
+    scores = rng.choice([0.0, 0.5, 1.0], size=(6, 8), p=[0.6, 0.1, 0.3])
+    scores[0] = 0.0
+    scores[1, :] = 1.0
+    scores[1, 3] = 0.5
+    for g in (1, 2, 3, 8):
+        brute = np.mean([[len(set(row[list(c)])) > 1 for c in combinations(range(8), g)]
+                         for row in scores], axis=1).mean()
+        assert groups_with_signal(scores, g) == pytest.approx(brute)
+    # at the sampled size it is the plain share of groups whose rewards differ
+    assert groups_with_signal(scores, 8) == pytest.approx(np.mean(scores.max(1) > scores.min(1)))
+    assert groups_with_signal(scores, 1) == 0.0  # one sample never differs from itself
+    assert groups_with_signal(scores, 2) < groups_with_signal(scores, 4)  # larger G, more signal

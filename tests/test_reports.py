@@ -309,6 +309,9 @@ def test_report_states_how_much_learning_signal_the_runs_had(tmp_path: Path):
     assert "Learning signal: on average 10% of the sampled groups" in text  # fake: 0.1/step
     assert "at most the 50% the pocket regime was sized for" in text
     assert "0 of 30 updates were skipped" in text  # six runs of five steps, none skipped
+    assert "(by method: Ours (default team) 10%, Single 10%)" in text
+    # fake: 0.04 of the groups solved by every sample, of the 0.1 with zero variance
+    assert "of the 6 runs that logged it, 40% were solved by every sample (too easy)" in text
     assert "few informative groups" not in text and "without `skip_no_signal`" not in text
     assert "| train reward | groups without signal |" in text
     # one of the six runs without any signal: five at 10 % and one at 100 % average 25 %
@@ -331,6 +334,7 @@ def test_report_states_how_much_learning_signal_the_runs_had(tmp_path: Path):
             "out of new tokens") in text
     assert f"stopped answering (under 50% answered): {grid.runs[0].name} (25%)" in text
     assert text.count("stopped answering") == 1  # the runs that answered are not named
+    assert "mostly ran out of new tokens" not in text  # 50% truncated is not over 50%
     assert "on average 25%" in text and "10%–100% across the 6 finished trained runs" in text
     # the same run as an untrained baseline (lr 0) leaves the trained runs' average alone
     cfg_path = runs_dir / grid.runs[0].name / "config.yaml"
@@ -351,6 +355,13 @@ def test_report_states_how_much_learning_signal_the_runs_had(tmp_path: Path):
                                         "skip_no_signal": False}))
     text = write_report(grid, runs_dir, tmp_path / "reports").read_text()
     assert "1 of these runs trained without `skip_no_signal`" in text
+    # a run that answers (lenient extraction) but mostly runs out of tokens is named too
+    ev = runs_dir / grid.runs[2].name / "eval.json"
+    ev.write_text(json.dumps({**json.loads(ev.read_text()), "answered": 1.0, "truncated": 0.875}))
+    text = write_report(grid, runs_dir, tmp_path / "reports").read_text()
+    assert (f"mostly ran out of new tokens (over 50% truncated): {grid.runs[2].name} (88%)"
+            in text)
+    assert grid.runs[0].name not in text.split("mostly ran out of new tokens")[1].split("\n")[0]
 
 
 def test_figures_are_readable_pngs(tmp_path: Path):

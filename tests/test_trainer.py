@@ -46,6 +46,8 @@ def test_metrics_rows_and_artifacts(planted_store, tmp_path):
         assert set(r["utilisation"]) == {"noise-a", "oracle", "noise-b"}
         assert sum(r["utilisation"].values()) == pytest.approx(1.0, abs=1e-5)
         assert 0.0 <= r["exact"] <= 1.0 and r["completion_len"] == 1.0
+        # solved groups (every sample scored 1) have zero variance, and their samples are exact
+        assert r["solved_frac"] <= min(r["zero_var_frac"], r["exact"])
     assert "spearman_reward_entropy" in summary and summary["status"] == "done"
     assert (run / "routing.png").stat().st_size > 1000
     assert (run / "config.yaml").is_file() and (run / "summary.json").is_file()

@@ -10,12 +10,15 @@ greedy completions are identical, so a speed-up that changed what is computed sh
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 import torch
 
 from musketeers.bench.machine import set_threads
+
+log = logging.getLogger("musketeers.bench")
 
 # the pocket regime's step (musketeers.config BUDGETS["pocket"]) and evaluation batch
 PROMPTS, GROUP, NEW_TOKENS, EVAL_BATCH = 4, 8, 32, 64
@@ -60,7 +63,7 @@ def bench_sharing(policy_name: str, task: str, reps: int, warmup: int, *, prompt
         context = 0.02 * torch.randn(prompts, cfg.latents, policy.embed_dim, generator=gen)
         completions = policy.generate(batch, context, group_size=group,
                                       max_new_tokens=new_tokens, generator=gen)
-        logps, evals = {}, {}
+        logps, evals, secs = {}, {}, {}
         for mode in ("off", "on") if step % 2 == 0 else ("on", "off"):
             policy.share = mode == "on"
             ref_s, pol_s, logps[mode] = _passes(policy, batch, context, completions)
@@ -68,11 +71,17 @@ def bench_sharing(policy_name: str, task: str, reps: int, warmup: int, *, prompt
             evals[mode] = policy.generate(val, None, group_size=1, max_new_tokens=new_tokens,
                                           greedy=True)
             eval_s = time.perf_counter() - t0
+            secs[mode] = ref_s + pol_s + eval_s
             if step >= warmup:
                 out["ref_s"][mode].append(ref_s)
                 out["policy_s"][mode].append(pol_s)
                 out["eval_s"][mode].append(eval_s)
         policy.share = True
+        # a rep is minutes on a 2-core CPU: say where the section is
+        log.info("sharing: %s %d/%d took %.1f s off, %.1f s on",
+                 "warm-up" if step < warmup else "repetition",
+                 step + 1 if step < warmup else step - warmup + 1,
+                 warmup if step < warmup else reps, secs["off"], secs["on"])
         if step >= warmup:
             out["max_dlogp"].append(float((logps["on"] - logps["off"]).abs().max()))
             out["eval_identical"].append(sum(a == b for a, b in

@@ -1,7 +1,7 @@
 """How much GRPO signal an untrained policy gets, per task, prompt style, extraction and budget.
 
     python -m musketeers.bench.signal --tasks arithmetic,arithmetic:easy@direct \\
-        --policy qwen2.5-coder-0.5b-instruct --prompts 16 --group 4 --tokens 24,48,128
+        --policy qwen2.5-coder-0.5b-instruct --prompts 16 --group 4,8 --tokens 24,48,128
 
 For each task it samples G completions (T = 1) of the policy alone, π(y | x), for the first
 ``--prompts`` train items, once, at the largest token budget. A smaller budget's completions
@@ -11,6 +11,11 @@ extraction): mean reward (= mean task score), exact (share scoring 1), the share
 whose G rewards differ (the only groups GRPO learns from), truncated and answered shares, and
 seconds per completion at the full budget. Rows go to stdout as a Markdown table and, with
 ``--out``, to a JSONL file.
+
+Group size is a lever too (the more samples, the likelier one differs), and it is measured
+from the same draws: ``--group 4,8,16`` samples 16 per prompt and gives the share of groups
+with signal at each size as its exact expectation over the subsets of those 16
+(``groups_with_signal``).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from math import comb
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +31,31 @@ import numpy as np
 import torch
 
 
-def measure(task: str, policy, prompts: int, group: int, budgets: list[int],
+def groups_with_signal(scores: np.ndarray, g: int) -> float:
+    """The share of groups of ``g`` samples whose rewards differ (the only groups GRPO learns
+    from), given ``scores`` [P, G ≥ g] sampled for P prompts: the mean over prompts of its
+    expectation over every g-subset of the G samples.
+
+    A subset carries no signal iff its g rewards are all one value v, so for a prompt whose G
+    samples score v n_v times, P(no signal) = Σ_v C(n_v, g) / C(G, g). Averaging over subsets
+    of i.i.d. draws is unbiased for a fresh group of g (a U-statistic), so one draw at the
+    largest G measures every smaller group size.
+    """
+    total = comb(scores.shape[1], g)
+    silent = []
+    for row in scores:
+        _, counts = np.unique(np.round(row, 6), return_counts=True)
+        silent.append(sum(comb(int(n), g) for n in counts) / total)
+    return 1.0 - float(np.mean(silent))
+
+
+def measure(task: str, policy, prompts: int, groups: list[int], budgets: list[int],
             seed: int = 0) -> list[dict[str, Any]]:
-    """Rows for one task (see the module docstring)."""
+    """Rows for one task (see the module docstring), sampled at the largest of ``groups``."""
     from musketeers.tasks import EXTRACTIONS, build_items, extract_answer, score
 
     items = build_items(task, "train", limit=prompts)
+    group = max(groups)
     generator = torch.Generator().manual_seed(seed)
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -51,7 +76,8 @@ def measure(task: str, policy, prompts: int, group: int, budgets: list[int],
             rows.append({
                 "task": task, "max_new_tokens": budget, "extraction": extraction,
                 "reward_mean": float(scores.mean()), "exact": float((scores >= 1).mean()),
-                "groups_with_signal": float((scores.max(1) - scores.min(1) > 1e-6).mean()),
+                "groups_with_signal": groups_with_signal(scores, group),
+                "signal_by_group": {g: groups_with_signal(scores, g) for g in sorted(groups)},
                 "truncated": float(np.mean([not e for e in ended])),
                 "answered": float(np.mean(answered)),
                 "completion_len": float(np.mean([len(c) for c in cut])),
@@ -62,14 +88,15 @@ def measure(task: str, policy, prompts: int, group: int, budgets: list[int],
 
 
 def markdown(rows: list[dict[str, Any]], policy: str) -> str:
-    head = ("| policy | task | tokens | extraction | reward | exact | groups w/ signal | "
+    head = ("| policy | task | tokens | extraction | reward | exact | groups w/ signal, by G | "
             "truncated | answered | s / completion |")
     lines = [head, "|" + "---|" * 10]
     for r in rows:
         s = "" if r["s_per_completion"] is None else f"{r['s_per_completion']:.2f}"
+        by_g = ", ".join(f"{g}: {v:.2f}" for g, v in r["signal_by_group"].items())
         lines.append(f"| {policy} | {r['task']} | {r['max_new_tokens']} | {r['extraction']} | "
                      f"{r['reward_mean']:.3f} | {r['exact']:.3f} | "
-                     f"{r['groups_with_signal']:.2f} | {r['truncated']:.2f} | "
+                     f"{by_g} | {r['truncated']:.2f} | "
                      f"{r['answered']:.2f} | {s} |")
     return "\n".join(lines)
 
@@ -82,7 +109,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tasks", required=True, help="comma-separated task names")
     p.add_argument("--policy", default="qwen2.5-coder-0.5b-instruct")
     p.add_argument("--prompts", type=int, default=16)
-    p.add_argument("--group", type=int, default=4)
+    p.add_argument("--group", default="4", help="comma-separated group sizes; one draw at "
+                   "the largest measures them all")
     p.add_argument("--tokens", default="24,48,128", help="comma-separated token budgets")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, default=None)
@@ -91,10 +119,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     budgets = sorted({int(t) for t in args.tokens.split(",")})
+    groups = sorted({int(g) for g in args.group.split(",")})
+    if min(groups) < 1:
+        p.error("--group: every group size must be at least 1")
     policy = build_policy(TrainConfig(policy=args.policy, dtype=args.dtype))
     rows = []
     for task in [t for t in args.tasks.split(",") if t]:
-        got = measure(task, policy, args.prompts, args.group, budgets)
+        got = measure(task, policy, args.prompts, groups, budgets)
         rows += got
         print(markdown(got, args.policy), flush=True)
         if args.out:

@@ -50,8 +50,8 @@ def fake_train(fields: dict[str, Any], steps: int = 40) -> Path:
         row: dict[str, Any] = {
             "step": step + 1, "reward_mean": reward, "reward_std": 0.3,
             "exact": 0.8 * reward, "kl": 0.01 * progress, "loss": -0.1, "grad_norm": 1.0,
-            "completion_len": 60.0, "zero_var_frac": 0.1, "truncated_frac": 0.2,
-            "answered_frac": 0.7, "update_skipped": False, "time_s": 1.5,
+            "completion_len": 60.0, "zero_var_frac": 0.1, "solved_frac": 0.04,
+            "truncated_frac": 0.2, "answered_frac": 0.7, "update_skipped": False, "time_s": 1.5,
         }
         if method.attention and experts:
             logits = np.zeros(len(experts))

@@ -201,6 +201,23 @@ def learning_signal(runs: list[Run]) -> list[str]:
             f"across the {len(fracs)} finished trained run{'s' * (len(fracs) != 1)}; "
             + ("at most" if mean <= WEAK_SIGNAL else "above")
             + f" the {WEAK_SIGNAL:.0%} the pocket regime was sized for")
+    by_method: dict[str, list[float]] = {}
+    for r in trained:
+        name = r.spec.label if r.spec is not None else str(r.config.get("method"))
+        if r.key.get("team") is not None:
+            name += f" ({r.key['team']} team)"
+        by_method.setdefault(name, []).append(float(r.no_signal))
+    if len(by_method) > 1:
+        # a method that collapses drags the mean up: say which carry the share
+        line += " (by method: " + ", ".join(f"{k} {np.mean(v):.0%}"
+                                            for k, v in by_method.items()) + ")"
+    both = [(float(r.no_signal), s) for r in trained
+            if (s := r.metric_mean("solved_frac")) is not None]
+    if both and sum(z for z, _ in both) > 0:
+        easy = sum(s for _, s in both) / sum(z for z, _ in both)
+        line += (f"; of the zero-variance groups of the {len(both)} run"
+                 f"{'s' * (len(both) != 1)} that logged it, {easy:.0%} were solved by every "
+                 "sample (too easy) and the rest scored alike below 1 (too hard)")
     skipped = [(r.updates_skipped, len(r.metrics)) for r in trained
                if r.updates_skipped is not None]
     if skipped:
@@ -219,6 +236,9 @@ def learning_signal(runs: list[Run]) -> list[str]:
 
 
 STOPPED_ANSWERING = 50  # % of greedy completions with an <answer>, below which a run is named
+# % of greedy completions cut off at max_new_tokens above which a run is named: under lenient
+# extraction a rambling policy still "answers" (its last line), so truncation is what shows it
+MOSTLY_TRUNCATED = 50
 
 
 def answer_format(runs: list[Run]) -> list[str]:
@@ -244,6 +264,12 @@ def answer_format(runs: list[Run]) -> list[str]:
         # exact measures the collapse, not what the method does with its experts
         line += (f". Runs whose policy stopped answering (under {STOPPED_ANSWERING}% answered): "
                  f"{', '.join(silent)}; their exact measures that collapse, not the method")
+    rambling = [f"{r.name} ({v:.0f}%)" for r in runs
+                if (v := r.eval_share("truncated")) is not None and v > MOSTLY_TRUNCATED]
+    if rambling:
+        line += (f". Runs whose greedy completions mostly ran out of new tokens (over "
+                 f"{MOSTLY_TRUNCATED}% truncated): {', '.join(rambling)}; a cut-off answer "
+                 "rarely scores, so their exact measures the lost answer format first")
     return [line]
 
 
