@@ -124,3 +124,49 @@ def test_groups_with_signal_is_the_expectation_over_every_subset():
     assert groups_with_signal(scores, 8) == pytest.approx(np.mean(scores.max(1) > scores.min(1)))
     assert groups_with_signal(scores, 1) == 0.0  # one sample never differs from itself
     assert groups_with_signal(scores, 2) < groups_with_signal(scores, 4)  # larger G, more signal
+
+
+class _HalfRightPolicy:
+    """Answers each prompt right in the first half of its group and wrong in the rest, and
+    records the temperature it was asked to sample at."""
+
+    eos_ids = [0]
+
+    def __init__(self):
+        self.temperatures: list[float] = []
+
+    def encode_prompts(self, items):
+        self.items = items
+        return [[1] for _ in items]
+
+    def generate(self, prompts, context, *, group_size, max_new_tokens, temperature, greedy,
+                 generator):
+        self.temperatures.append(temperature)
+        return [[2 + 2 * (r // group_size) + (r % group_size >= group_size // 2), 0]
+                for r in range(len(prompts) * group_size)]
+
+    def decode(self, ids):
+        if len(ids) < 2:  # cut before the answer token's eos: still an answer, but truncated
+            ids = ids + [None]
+        item = self.items[(ids[0] - 2) // 2]
+        return f"<answer>{item.answer if ids[0] % 2 == 0 else 'nope'}</answer>"
+
+
+def test_signal_bench_samples_at_the_temperature_asked_and_grades_each_group():
+    from musketeers.bench.signal import main, markdown, measure
+
+    policy = _HalfRightPolicy()
+    rows = measure("arithmetic:easy@direct", policy, prompts=3, groups=[2, 4], budgets=[1, 2],
+                   temperature=0.7)
+    assert policy.temperatures == [0.7]
+    full = [r for r in rows if r["max_new_tokens"] == 2]
+    assert {r["temperature"] for r in rows} == {0.7}
+    for r in full:
+        assert r["exact"] == pytest.approx(0.5)
+        assert r["truncated"] == 0.0
+        assert r["signal_by_group"][4] == 1.0  # every group of 4 holds 2 right and 2 wrong
+        assert r["signal_by_group"][2] == pytest.approx(4 / 6)  # 4 of the 6 pairs differ
+    assert all(r["truncated"] == 1.0 for r in rows if r["max_new_tokens"] == 1)
+    assert "| 0.7 |" in markdown(rows, "stub")
+    with pytest.raises(SystemExit):  # bad input stops before any model loads
+        main(["--tasks", "arithmetic", "--temperature", "0"])

@@ -1,9 +1,10 @@
 """How much GRPO signal an untrained policy gets, per task, prompt style, extraction and budget.
 
     python -m musketeers.bench.signal --tasks arithmetic,arithmetic:easy@direct \\
-        --policy qwen2.5-coder-0.5b-instruct --prompts 16 --group 4,8 --tokens 24,48,128
+        --policy qwen2.5-coder-0.5b-instruct --prompts 16 --group 4,8 --tokens 24,48,128 \\
+        --temperature 1.0,0.7
 
-For each task it samples G completions (T = 1) of the policy alone, π(y | x), for the first
+For each task and temperature it samples G completions of the policy alone, π(y | x), for the first
 ``--prompts`` train items, once, at the largest token budget. A smaller budget's completions
 are their first T tokens (sampling is autoregressive, so that is exactly what a run with
 ``max_new_tokens = T`` would draw), graded with both extractions. One row per (task, budget,
@@ -16,6 +17,10 @@ Group size is a lever too (the more samples, the likelier one differs), and it i
 from the same draws: ``--group 4,8,16`` samples 16 per prompt and gives the share of groups
 with signal at each size as its exact expectation over the subsets of those 16
 (``groups_with_signal``).
+
+Temperature is the third lever: a policy whose greedy answer is often right can still sample
+few right answers at T = 1, and a group of wrong ones is as silent as a group of right ones.
+Each ``--temperature`` is a fresh draw from the same seed.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ def groups_with_signal(scores: np.ndarray, g: int) -> float:
 
 
 def measure(task: str, policy, prompts: int, groups: list[int], budgets: list[int],
-            seed: int = 0) -> list[dict[str, Any]]:
+            temperature: float = 1.0, seed: int = 0) -> list[dict[str, Any]]:
     """Rows for one task (see the module docstring), sampled at the largest of ``groups``."""
     from musketeers.tasks import EXTRACTIONS, build_items, extract_answer, score
 
@@ -60,7 +65,7 @@ def measure(task: str, policy, prompts: int, groups: list[int], budgets: list[in
     t0 = time.perf_counter()
     with torch.no_grad():
         comps = policy.generate(policy.encode_prompts(items), None, group_size=group,
-                                max_new_tokens=max(budgets), temperature=1.0, greedy=False,
+                                max_new_tokens=max(budgets), temperature=temperature, greedy=False,
                                 generator=generator)
     per_completion = (time.perf_counter() - t0) / len(comps)
     eos = set(policy.eos_ids)
@@ -74,7 +79,8 @@ def measure(task: str, policy, prompts: int, groups: list[int], budgets: list[in
                                for i, t in enumerate(texts)]).reshape(len(items), group)
             answered = [extract_answer(t, extraction) is not None for t in texts]
             rows.append({
-                "task": task, "max_new_tokens": budget, "extraction": extraction,
+                "task": task, "temperature": temperature, "max_new_tokens": budget,
+                "extraction": extraction,
                 "reward_mean": float(scores.mean()), "exact": float((scores >= 1).mean()),
                 "groups_with_signal": groups_with_signal(scores, group),
                 "signal_by_group": {g: groups_with_signal(scores, g) for g in sorted(groups)},
@@ -88,13 +94,14 @@ def measure(task: str, policy, prompts: int, groups: list[int], budgets: list[in
 
 
 def markdown(rows: list[dict[str, Any]], policy: str) -> str:
-    head = ("| policy | task | tokens | extraction | reward | exact | groups w/ signal, by G | "
+    head = ("| policy | task | T | tokens | extraction | reward | exact | groups w/ signal, by G | "
             "truncated | answered | s / completion |")
-    lines = [head, "|" + "---|" * 10]
+    lines = [head, "|" + "---|" * 11]
     for r in rows:
         s = "" if r["s_per_completion"] is None else f"{r['s_per_completion']:.2f}"
         by_g = ", ".join(f"{g}: {v:.2f}" for g, v in r["signal_by_group"].items())
-        lines.append(f"| {policy} | {r['task']} | {r['max_new_tokens']} | {r['extraction']} | "
+        lines.append(f"| {policy} | {r['task']} | {r['temperature']:g} | {r['max_new_tokens']} | "
+                     f"{r['extraction']} | "
                      f"{r['reward_mean']:.3f} | {r['exact']:.3f} | "
                      f"{by_g} | {r['truncated']:.2f} | "
                      f"{r['answered']:.2f} | {s} |")
@@ -112,6 +119,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--group", default="4", help="comma-separated group sizes; one draw at "
                    "the largest measures them all")
     p.add_argument("--tokens", default="24,48,128", help="comma-separated token budgets")
+    p.add_argument("--temperature", default="1.0", help="comma-separated sampling temperatures "
+                   "(each > 0), each a fresh draw")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", type=Path, default=None, help="append rows to this JSONL file")
@@ -122,10 +131,13 @@ def main(argv: list[str] | None = None) -> None:
     groups = sorted({int(g) for g in args.group.split(",")})
     if min(groups) < 1:
         p.error("--group: every group size must be at least 1")
+    temperatures = [float(t) for t in args.temperature.split(",") if t]
+    if not temperatures or min(temperatures) <= 0:
+        p.error("--temperature: give one or more temperatures, each > 0 (e.g. 1.0,0.7)")
     policy = build_policy(TrainConfig(policy=args.policy, dtype=args.dtype))
     rows = []
-    for task in [t for t in args.tasks.split(",") if t]:
-        got = measure(task, policy, args.prompts, groups, budgets)
+    for task, temperature in [(t, x) for t in args.tasks.split(",") if t for x in temperatures]:
+        got = measure(task, policy, args.prompts, groups, budgets, temperature)
         rows += got
         print(markdown(got, args.policy), flush=True)
         if args.out:
