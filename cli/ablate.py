@@ -71,7 +71,7 @@ def ablate(
         if adopted:
             typer.echo(f"{len(adopted)} finished runs adopted from {published} (earlier "
                        "sessions' published results); the grid goes on from there")
-        ledger = ledger_path(runs_dir, g.budget)
+        ledger = ledger_path(runs_dir, g.name)
         ensure_cache(g, g.precompute, gsm8k_dir=gsm8k_dir, ledger=ledger)
 
         def publish(run, run_dir: Path) -> None:  # each run as it ends: a session may not

@@ -154,7 +154,7 @@ BUDGETS: dict[str, dict[str, Any]] = {
     # signal and the main comparison fits one night (BENCHMARKS.md, "A regime with a signal"):
     # 32 new tokens leave <10 % of direct answers truncated, G = 8 makes more groups differ,
     # 400 validation items bound 2 SE of an accuracy near 15 % by ~3.6 points; 20 steps took
-    # Single from 21.0 % to 33.25 % exact on arithmetic:easy@direct (reports/pocket/baselines)
+    # Single from 21.0 % to 33.25 % exact on arithmetic:easy@direct (reports/pocket-easy/baselines)
     "pocket": dict(steps=20, prompts_per_micro=4, grad_accum=1, group_size=8,
                    max_new_tokens=32, save_every=10, eval_limit=400, dtype="auto"),
     # the paper: 500 steps, 4 x 8 = 32 prompts per update, G = 8, 128 new tokens

@@ -170,3 +170,36 @@ def test_signal_bench_samples_at_the_temperature_asked_and_grades_each_group():
     assert "| 0.7 |" in markdown(rows, "stub")
     with pytest.raises(SystemExit):  # bad input stops before any model loads
         main(["--tasks", "arithmetic", "--temperature", "0"])
+
+
+class _OneSourceSolvedPolicy(_HalfRightPolicy):
+    """Half right everywhere except on the first item's dataset, which every sample solves."""
+
+    def decode(self, ids):
+        item = self.items[(ids[0] - 2) // 2]
+        if item.source == self.items[0].source:
+            return f"<answer>{item.answer}</answer>"
+        return super().decode(ids)
+
+
+def test_signal_bench_by_source_splits_the_family_into_its_datasets():
+    from musketeers.bench.signal import measure
+
+    policy = _OneSourceSolvedPolicy()
+    rows = measure("algorithmic:easy@direct", policy, prompts=12, groups=[4], budgets=[2],
+                   by_source=True)
+    rows = {r["source"]: r for r in rows if r["extraction"] == "strict"}
+    solved = policy.items[0].source
+    sources = {it.source for it in policy.items}
+    assert len(sources) > 1 and set(rows) == sources | {"all"}
+    assert sum(rows[s]["prompts"] for s in sources) == rows["all"]["prompts"] == 12
+    assert rows[solved]["exact"] == 1.0 and rows[solved]["groups_with_signal"] == 0.0
+    for s in sources - {solved}:
+        assert rows[s]["exact"] == 0.5 and rows[s]["groups_with_signal"] == 1.0
+    n_solved = rows[solved]["prompts"]
+    assert rows["all"]["groups_with_signal"] == pytest.approx(1 - n_solved / 12)
+    # the whole task's row is the same with or without the split
+    whole = [r for r in measure("algorithmic:easy@direct", _OneSourceSolvedPolicy(), prompts=12,
+                                groups=[4], budgets=[2]) if r["extraction"] == "strict"]
+    assert [r["source"] for r in whole] == ["all"]
+    assert whole[0]["exact"] == rows["all"]["exact"]

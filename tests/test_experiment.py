@@ -12,6 +12,7 @@ from musketeers.cache.errors import UserError
 from musketeers.config import BUDGETS, resolve_config
 from musketeers.reports.grid import BUDGETS as GRID_BUDGETS
 from musketeers.reports.grid import grid_file, load_grid, stale_fields
+from musketeers.reports.report import report_dir
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = {k for sizes in BUDGETS.values() for k in sizes}
@@ -69,6 +70,18 @@ def test_an_overlay_maps_families_to_variants_and_drops_the_rest(tmp_path: Path)
     assert any(r.eval_no_context for r in grid.runs)  # logic is not run, arithmetic is
 
 
+def test_a_named_grid_keeps_its_report_and_ledger_apart_from_its_budgets(tmp_path: Path):
+    path = write_overlay(tmp_path, {"table1": {}})
+    plain = load_grid(path)
+    assert plain.name == "smoke" and report_dir(tmp_path, plain) == tmp_path / "smoke"
+    raw = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**raw, "name": "smoke-kept"}))
+    kept = load_grid(path)
+    # the same runs, published and timed under the grid's own name
+    assert [r.name for r in kept.runs] == [r.name for r in plain.runs]
+    assert report_dir(tmp_path, kept) == tmp_path / "smoke-kept"
+
+
 @pytest.mark.parametrize("parts, match", [
     ({"table3": {}}, "unknown parts"),
     ({"table1": {"sed": "first"}}, "a part takes seeds, stage, tasks, only and set"),
@@ -78,16 +91,28 @@ def test_a_bad_overlay_is_one_line_naming_the_fix(tmp_path: Path, parts, match):
         load_grid(write_overlay(tmp_path, parts))
 
 
-def test_published_pocket_runs_are_runs_of_the_pocket_grid_as_it_stands():
-    """What reports/pocket/runs holds was trained under the grid's current settings: a change
-    to the design or the pocket overlay that would make a published run stale fails here,
-    before a new session sets it aside and trains it again."""
-    published = sorted((REPO / "reports" / "pocket" / "runs").glob("pocket-*/config.yaml"))
+def _published_grids() -> list[tuple[str, Path]]:
+    """(grid source, its published runs folder): the pocket grid as it stands and every kept
+    result beside it (a ``reports/<name>/grid.yaml``)."""
+    kept = [(str(y), y.parent / "runs") for y in sorted((REPO / "reports").glob("*/grid.yaml"))]
+    return [("pocket", REPO / "reports" / "pocket" / "runs"), *kept]
+
+
+@pytest.mark.parametrize("source,folder", _published_grids(),
+                         ids=lambda v: Path(str(v)).parent.name if "/" in str(v) else str(v))
+def test_published_runs_are_runs_of_their_grid_as_it_stands(source, folder):
+    """What a published runs folder holds was trained under its grid's current settings: a
+    change to the design or a grid YAML that would make a published run stale fails here,
+    before a new session sets it aside and trains it again (or a kept result stops being
+    rebuildable)."""
+    published = sorted(Path(folder).glob("pocket-*/config.yaml"))
     if not published:
-        pytest.skip("no pocket run published yet")
-    runs = {r.name: r for r in load_grid("pocket").runs}
+        pytest.skip(f"no run published under {folder} yet")
+    grid = load_grid(source)
+    assert report_dir(REPO / "reports", grid) / "runs" == Path(folder)
+    runs = {r.name: r for r in grid.runs}
     for path in published:
         name = path.parent.name
-        assert name in runs, f"{name} is published but not a run of the pocket grid"
+        assert name in runs, f"{name} is published but not a run of the grid {source}"
         cfg = resolve_config(overrides={**runs[name].fields, "run_dir": str(path.parent)})
         assert stale_fields(path.parent, cfg) == {}, name

@@ -21,6 +21,10 @@ with signal at each size as its exact expectation over the subsets of those 16
 Temperature is the third lever: a policy whose greedy answer is often right can still sample
 few right answers at T = 1, and a group of wrong ones is as silent as a group of right ones.
 Each ``--temperature`` is a fresh draw from the same seed.
+
+A family is a mix of Reasoning Gym datasets, and one the policy never solves adds only silent
+groups: ``--by-source`` adds a row per dataset (source "all" is the whole task), which is how
+the ``easier`` level's knobs were chosen.
 """
 
 from __future__ import annotations
@@ -55,8 +59,10 @@ def groups_with_signal(scores: np.ndarray, g: int) -> float:
 
 
 def measure(task: str, policy, prompts: int, groups: list[int], budgets: list[int],
-            temperature: float = 1.0, seed: int = 0) -> list[dict[str, Any]]:
-    """Rows for one task (see the module docstring), sampled at the largest of ``groups``."""
+            temperature: float = 1.0, seed: int = 0,
+            by_source: bool = False) -> list[dict[str, Any]]:
+    """Rows for one task (see the module docstring), sampled at the largest of ``groups``;
+    with ``by_source`` also one row per dataset of the family (source "all" is the whole)."""
     from musketeers.tasks import EXTRACTIONS, build_items, extract_answer, score
 
     items = build_items(task, "train", limit=prompts)
@@ -69,38 +75,48 @@ def measure(task: str, policy, prompts: int, groups: list[int], budgets: list[in
                                 generator=generator)
     per_completion = (time.perf_counter() - t0) / len(comps)
     eos = set(policy.eos_ids)
+    # rows for the whole task and, with by_source, for each of its Reasoning Gym datasets
+    subsets = {"all": np.arange(len(items))}
+    if by_source:
+        for source in sorted({it.source for it in items}):
+            subsets[source] = np.array([i for i, it in enumerate(items) if it.source == source])
     rows = []
     for budget in budgets:
         cut = [c[:budget] for c in comps]
-        ended = [bool(c) and c[-1] in eos for c in cut]
+        ended = np.array([bool(c) and c[-1] in eos for c in cut]).reshape(len(items), group)
         texts = [policy.decode(c) for c in cut]
+        lengths = np.array([len(c) for c in cut]).reshape(len(items), group)
         for extraction in EXTRACTIONS:
             scores = np.array([score(items[i // group], t, extraction)
                                for i, t in enumerate(texts)]).reshape(len(items), group)
-            answered = [extract_answer(t, extraction) is not None for t in texts]
-            rows.append({
-                "task": task, "temperature": temperature, "max_new_tokens": budget,
-                "extraction": extraction,
-                "reward_mean": float(scores.mean()), "exact": float((scores >= 1).mean()),
-                "groups_with_signal": groups_with_signal(scores, group),
-                "signal_by_group": {g: groups_with_signal(scores, g) for g in sorted(groups)},
-                "truncated": float(np.mean([not e for e in ended])),
-                "answered": float(np.mean(answered)),
-                "completion_len": float(np.mean([len(c) for c in cut])),
-                "s_per_completion": per_completion if budget == max(budgets) else None,
-                "prompts": len(items), "group": group,
-            })
+            answered = np.array([extract_answer(t, extraction) is not None
+                                 for t in texts]).reshape(len(items), group)
+            for source, rows_of in subsets.items():
+                s = scores[rows_of]
+                rows.append({
+                    "task": task, "source": source, "temperature": temperature,
+                    "max_new_tokens": budget, "extraction": extraction,
+                    "reward_mean": float(s.mean()), "exact": float((s >= 1).mean()),
+                    "groups_with_signal": groups_with_signal(s, group),
+                    "signal_by_group": {g: groups_with_signal(s, g) for g in sorted(groups)},
+                    "truncated": float(1 - ended[rows_of].mean()),
+                    "answered": float(answered[rows_of].mean()),
+                    "completion_len": float(lengths[rows_of].mean()),
+                    "s_per_completion": per_completion if budget == max(budgets) else None,
+                    "prompts": len(rows_of), "group": group,
+                })
     return rows
 
 
 def markdown(rows: list[dict[str, Any]], policy: str) -> str:
-    head = ("| policy | task | T | tokens | extraction | reward | exact | groups w/ signal, by G | "
-            "truncated | answered | s / completion |")
-    lines = [head, "|" + "---|" * 11]
+    head = ("| policy | task | source (prompts) | T | tokens | extraction | reward | exact | "
+            "groups w/ signal, by G | truncated | answered | s / completion |")
+    lines = [head, "|" + "---|" * 12]
     for r in rows:
         s = "" if r["s_per_completion"] is None else f"{r['s_per_completion']:.2f}"
         by_g = ", ".join(f"{g}: {v:.2f}" for g, v in r["signal_by_group"].items())
-        lines.append(f"| {policy} | {r['task']} | {r['temperature']:g} | {r['max_new_tokens']} | "
+        lines.append(f"| {policy} | {r['task']} | {r['source']} ({r['prompts']}) | "
+                     f"{r['temperature']:g} | {r['max_new_tokens']} | "
                      f"{r['extraction']} | "
                      f"{r['reward_mean']:.3f} | {r['exact']:.3f} | "
                      f"{by_g} | {r['truncated']:.2f} | "
@@ -121,6 +137,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tokens", default="24,48,128", help="comma-separated token budgets")
     p.add_argument("--temperature", default="1.0", help="comma-separated sampling temperatures "
                    "(each > 0), each a fresh draw")
+    p.add_argument("--by-source", action="store_true", help="also a row per dataset of each "
+                   "family: which of its generators give signal")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", type=Path, default=None, help="append rows to this JSONL file")
@@ -137,7 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     policy = build_policy(TrainConfig(policy=args.policy, dtype=args.dtype))
     rows = []
     for task, temperature in [(t, x) for t in args.tasks.split(",") if t for x in temperatures]:
-        got = measure(task, policy, args.prompts, groups, budgets, temperature)
+        got = measure(task, policy, args.prompts, groups, budgets, temperature,
+                      by_source=args.by_source)
         rows += got
         print(markdown(got, args.policy), flush=True)
         if args.out:

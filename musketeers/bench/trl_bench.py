@@ -30,12 +30,12 @@ PINNED = ("torch", "transformers", "peft", "accelerate", "datasets", "numpy", "s
 SHARED = {"lora_r": 8, "beta": 0.04, "lr": 1e-4}
 # What one step is, per regime (``--trl-regime``): ``issue3`` is the comparison of issue 3
 # (SmolLM2, gsm_symbolic with the DeepSeekZero prompt, 4 x 4 x 64 tokens, bf16); ``pocket`` is
-# the pocket grid's regime (Qwen2.5-Coder-0.5B, arithmetic:easy@direct, 4 prompts x G = 8 x 32
+# the pocket grid's regime (Qwen2.5-Coder-0.5B, arithmetic:easier@direct, 4 prompts x G = 8 x 32
 # tokens) in the dtype this CPU runs natively (config ``dtype: auto``), the same on both sides.
 REGIMES: dict[str, dict[str, Any]] = {
     "issue3": {"policy": "smollm2", "task": "gsm_symbolic", "prompts": 4, "group_size": 4,
                "max_new_tokens": 64, "dtype": "bfloat16"},
-    "pocket": {"policy": "qwen2.5-coder-0.5b-instruct", "task": "arithmetic:easy@direct",
+    "pocket": {"policy": "qwen2.5-coder-0.5b-instruct", "task": "arithmetic:easier@direct",
                "prompts": 4, "group_size": 8, "max_new_tokens": 32, "dtype": "auto"},
 }
 

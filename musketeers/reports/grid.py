@@ -62,6 +62,12 @@ class Grid:
     eval_limit: int | None = None
     estimate: str = ""
     precompute: dict[str, Any] | None = None  # settings, or None: the stores must exist
+    # the report folder and ledger's name (the YAML's ``name``, default the budget), so a
+    # finished grid can be kept as a published result beside the budget's current grid
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        self.name = self.name or self.budget
 
 
 @dataclass
@@ -169,6 +175,7 @@ def load_grid(
         eval_limit=raw.get("eval_limit"),
         estimate=str(raw.get("estimate", "")).strip(),
         precompute=raw.get("precompute") or None,
+        name=str(raw.get("name") or budget),
     )
 
 

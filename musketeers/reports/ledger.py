@@ -20,8 +20,9 @@ from pathlib import Path
 PHASES = ("precompute", "train", "eval")
 
 
-def ledger_path(runs_dir: Path, budget: str) -> Path:
-    return Path(runs_dir) / f"ledger-{budget}.jsonl"
+def ledger_path(runs_dir: Path, grid_name: str) -> Path:
+    """A grid's ledger, by the grid's name (its budget unless the YAML names it)."""
+    return Path(runs_dir) / f"ledger-{grid_name}.jsonl"
 
 
 @contextmanager

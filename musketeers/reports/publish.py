@@ -49,10 +49,10 @@ def publish_runs(grid: Grid, runs_dir: Path, dest: Path) -> list[str]:
 
 
 def publish_ledger(grid: Grid, runs_dir: Path, dest: Path) -> None:
-    ledger = ledger_path(runs_dir, grid.budget)
-    if ledger.is_file() and ledger.resolve() != ledger_path(dest, grid.budget).resolve():
+    ledger = ledger_path(runs_dir, grid.name)
+    if ledger.is_file() and ledger.resolve() != ledger_path(dest, grid.name).resolve():
         dest.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ledger, ledger_path(dest, grid.budget))
+        shutil.copy2(ledger, ledger_path(dest, grid.name))
 
 
 def adopt_published(grid: Grid, runs_dir: Path, published: Path) -> list[str]:
@@ -72,7 +72,7 @@ def adopt_published(grid: Grid, runs_dir: Path, published: Path) -> list[str]:
             continue
         publish_run(src, dst)
         adopted.append(run.name)
-    theirs, ours = ledger_path(published, grid.budget), ledger_path(runs_dir, grid.budget)
+    theirs, ours = ledger_path(published, grid.name), ledger_path(runs_dir, grid.name)
     if theirs.is_file():
         mine = [line for line in ours.read_text().splitlines() if line] \
             if ours.is_file() else []

@@ -40,8 +40,8 @@ def machine() -> str:
     return ", ".join(parts)
 
 
-def _measured_wall_time(runs_dir: Path, budget: str) -> list[str]:
-    path = ledger_path(runs_dir, budget)
+def _measured_wall_time(runs_dir: Path, grid_name: str) -> list[str]:
+    path = ledger_path(runs_dir, grid_name)
     t = totals(path)
     if not t:
         return []
@@ -60,7 +60,7 @@ def wall_time_by_stage(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]
     wall time projected from them (a run not done yet at the mean of the done runs of its
     family with the same steps and evaluations, else of any family), so a grid that outlasts
     a session says how long it still needs."""
-    secs = run_seconds(ledger_path(runs_dir, grid.budget))
+    secs = run_seconds(ledger_path(runs_dir, grid.name))
     done = {r.name for r in runs if r.status == "done"} & set(secs)
     if not done:
         return []
@@ -130,7 +130,7 @@ def _what_was_run(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]:
         f"- Seeds: {values('seed')}; training steps per run: "
         f"{', '.join(map(str, steps)) or '—'}",
         f"- Total training wall time (sum over runs): {wall:.0f} s ({wall / 3600:.2f} h)",
-        *_measured_wall_time(runs_dir, grid.budget),
+        *_measured_wall_time(runs_dir, grid.name),
         *wall_time_by_stage(grid, runs, runs_dir),
         *learning_signal(runs),
         f"- Report written on: {machine()}",
@@ -285,8 +285,9 @@ def _old_evals(runs: list[Run]) -> list[str]:
 
 
 def report_dir(reports_dir: Path, grid: Grid) -> Path:
-    """Where a grid's report (and its published runs, ``runs/``) live: reports_dir/<budget>."""
-    return Path(reports_dir) / grid.budget
+    """Where a grid's report (and its published runs, ``runs/``) live: reports_dir/<name>
+    (the budget unless the grid YAML names itself)."""
+    return Path(reports_dir) / grid.name
 
 
 def write_report(grid: Grid, runs_dir: Path, reports_dir: Path) -> Path:
@@ -307,7 +308,8 @@ def write_report(grid: Grid, runs_dir: Path, reports_dir: Path) -> Path:
     for old in out.glob("figure*.png"):
         if old.name not in drawn:
             old.unlink()
-    md = [f"# Ablations — budget `{grid.budget}`", "", "## What was run", "",
+    title = f"`{grid.budget}`" + (f" (grid `{grid.name}`)" if grid.name != grid.budget else "")
+    md = [f"# Ablations — budget {title}", "", "## What was run", "",
           *_what_was_run(grid, runs, Path(runs_dir)), "",
           f"Two metrics of the greedy validation completions: {METRIC_TEXT['exact']}, and "
           f"{METRIC_TEXT['score']}; {PAPER_METRIC}. ± is the sample standard deviation "

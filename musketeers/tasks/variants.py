@@ -60,6 +60,30 @@ LEVELS: dict[str, dict[str, tuple[tuple[str, dict[str, Any]], ...]]] = {
             ("aiw", {"max_entities": 3}),
         ),
     },
+    # easy, turned down where the pocket policy (Qwen2.5-Coder-0.5B, direct prompt, 32 tokens)
+    # still had silent groups, chosen per dataset with ``python -m musketeers.bench.signal
+    # --by-source`` (BENCHMARKS.md, "The easier level"): fewer decimal terms and digits,
+    # complex addition only, base conversion of numbers up to 16 in bases up to 10.
+    # simple_geometry and caesar_cipher are left out: at their lowest knobs (a triangle; one
+    # word shifted by 1) no sample and no trained greedy answer was right
+    "easier": {
+        "arithmetic": (
+            ("chain_sum", {"min_terms": 2, "max_terms": 3, "max_digits": 2}),
+            ("decimal_chain_sum", {"max_terms": 2, "max_digits": 1, "max_decimal_places": 1}),
+            ("complex_arithmetic", {"min_real": -3, "max_real": 3, "min_imag": -3,
+                                    "max_imag": 3, "operations": ("+",),
+                                    "operations_weights": [1.0]}),
+            ("products", {"max_digits": 2}),
+        ),
+        "algorithmic": (
+            ("isomorphic_strings", {"max_string_length": 5}),
+            ("base_conversion", {"max_base": 10, "max_value": 16}),
+            ("binary_alternation", {"min_n": 4, "max_n": 8, "p_solvable": 0.9}),
+            ("rotate_matrix", {"min_n": 2, "max_n": 3}),
+            ("string_manipulation", {"max_string_length": 6, "min_num_rules": 3,
+                                     "max_num_rules": 3}),
+        ),
+    },
 }
 
 
