@@ -28,11 +28,16 @@ def resolve_device(device: str) -> str:
     return device
 
 
+# torch's names, as `train --dtype` takes them (musketeers.config.DTYPES), so one grid file can
+# name one dtype for both halves; the short names are kept for scripts written before.
+DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+               "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     if dtype == "auto":  # bf16 only where it is native: CUDA, or a CPU with bf16 dot products
         fast = device.startswith("cuda") or cpu_has_bf16()
         return torch.bfloat16 if fast else torch.float32
-    table = {"bf16": torch.bfloat16, "fp32": torch.float32}
-    if dtype not in table:
-        raise UserError(f"unknown dtype {dtype!r}; use auto, bf16 or fp32")
-    return table[dtype]
+    if dtype not in DTYPE_NAMES:
+        raise UserError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16")
+    return DTYPE_NAMES[dtype]

@@ -29,7 +29,8 @@ def precompute(
     limit: Annotated[int | None, typer.Option(help="items per split (> 0)")] = None,
     cache_dir: CacheDirOpt = None,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
-    dtype: Annotated[str, typer.Option(help="auto, bf16 or fp32")] = "auto",
+    dtype: Annotated[str, typer.Option(
+        help="auto, float32, bfloat16 or float16 (as train's --dtype)")] = "auto",
     hints: Annotated[bool, typer.Option(help="also store each expert's greedy answer")] = False,
     force: Annotated[bool, typer.Option(help="rebuild what differs instead of refusing")] = False,
     gsm8k_dir: Annotated[

@@ -247,3 +247,19 @@ def test_dtype_auto_follows_the_devices_native_support(monkeypatch):
     assert torch_dtype_name("auto", "cpu") == "bfloat16"
     assert torch_dtype_name("float32", "cuda") == "float32"  # an explicit dtype is kept
     assert resolve_config(None, {"budget": "pocket"}).dtype == "auto"
+
+
+def test_precompute_and_train_take_the_same_dtype_names():
+    # one grid file names one dtype for both halves (the pocket grid pins float32)
+    import torch
+
+    from musketeers.cache.devices import resolve_dtype
+    from musketeers.cache.errors import UserError
+    from musketeers.config import DTYPES
+
+    for name in DTYPES:
+        if name != "auto":
+            assert resolve_dtype(name, "cpu") == getattr(torch, name)
+    assert resolve_dtype("bf16", "cpu") == torch.bfloat16  # the short names still work
+    with pytest.raises(UserError, match="float32, bfloat16 or float16"):
+        resolve_dtype("fp8", "cpu")
