@@ -453,6 +453,20 @@ def test_grid_refuses_a_store_with_fewer_items_than_it_precomputes(tmp_path: Pat
     assert before == after
 
 
+def test_grid_refuses_a_store_computed_in_another_dtype(tmp_path: Path):
+    """A store of the right size but other numerics (a bf16 precompute on another CPU) is
+    refused by name, not read as the grid's; the fixtures' experts are float32."""
+    from musketeers.reports.needs import ensure_cache
+
+    fixtures = Path(__file__).resolve().parent / "fixtures"
+    grid = load_grid(small_grid(tmp_path), overrides={"cache_dir": str(fixtures)})
+    teams = {"default": ["tiny-llama"]}
+    with pytest.raises(UserError, match="tiny-llama computed in float32 .* bfloat16.*--cache-dir"):
+        ensure_cache(grid, {"dtype": "bfloat16", "device": "cpu"}, lambda t, r: teams[t])
+    for same in ("float32", "fp32", "auto"):  # auto: this machine's choice, nothing to compare
+        assert ensure_cache(grid, {"dtype": same, "device": "cpu"}, lambda t, r: teams[t]) == []
+
+
 def test_ledger_sums_every_phase_across_resumed_invocations(tmp_path: Path):
     from musketeers.reports.ledger import ledger_path, timed, totals
 

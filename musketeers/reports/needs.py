@@ -92,6 +92,30 @@ def check_items(need: TaskNeed, root: Any, limit: int | None) -> None:
                 f"(--cache-dir DIR) or move that store away")
 
 
+def check_dtype(need: TaskNeed, root: Any, dtype: str | None, device: str = "auto") -> None:
+    """Refuse a store whose experts were computed in another dtype than the grid asks for.
+
+    Completeness alone would pass them: a store left by a bf16 precompute (``auto`` on a CPU
+    with avx512_bf16) would feed a float32 grid's runs states of other numerics than those
+    its runs on another machine read. ``dtype``: the grid's ``precompute`` dtype (None or
+    ``auto``: whatever this machine picks, so nothing to check across machines).
+    """
+    if root is None or dtype in (None, "auto"):
+        return
+    from musketeers.cache.devices import resolve_device, resolve_dtype
+
+    want = str(resolve_dtype(dtype, resolve_device(device))).removeprefix("torch.")
+    for name in need.experts:
+        for split in SPLITS:
+            g = layout.find_expert(root, split, name)
+            have = (layout.fingerprint(g) or {}).get("dtype") if layout.is_complete(g) else None
+            if have is not None and have != want:
+                raise UserError(
+                    f"{need.cache_dir}/{need.task}.zarr holds {name} computed in {have} and the "
+                    f"grid precomputes in {want}; point the grid at another store folder "
+                    f"(--cache-dir DIR) or move that store away")
+
+
 def missing(need: TaskNeed, root: Any) -> tuple[list[str], list[str], bool]:
     """(experts absent/incomplete, experts lacking hints, router missing) in the task's store
     ``root`` (``open_task_store``; None: no store yet). Complete means what the reader means
@@ -125,7 +149,9 @@ def ensure_cache(grid: Grid, settings: dict[str, Any] | None,
     done = []
     for need in grid_needs(grid, team_experts):
         root = open_task_store(need)
-        check_items(need, root, (settings or {}).get("limit"))
+        settings_ = settings or {}
+        check_items(need, root, settings_.get("limit"))
+        check_dtype(need, root, settings_.get("dtype"), settings_.get("device", "auto"))
         absent, no_hints, router = missing(need, root)
         hinted = [e for e in dict.fromkeys(absent + no_hints) if e in need.hint_experts]
         plain = [e for e in absent if e not in need.hint_experts]
