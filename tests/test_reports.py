@@ -506,6 +506,22 @@ def test_ledger_sums_every_phase_across_resumed_invocations(tmp_path: Path):
     assert f"Measured wall time of this grid's commands: {t['total']:.0f} s" in text
 
 
+def test_a_store_computed_again_on_another_machine_counts_once(tmp_path: Path):
+    """Stores do not outlive a session everywhere: the grid resumed elsewhere precomputes the
+    same store again, and one uninterrupted invocation would have done that once."""
+    from musketeers.reports.ledger import totals
+
+    ledger = tmp_path / "ledger.jsonl"
+    rows = [("precompute", "logic: a", 500.0, True), ("train", "r", 40.0, True),
+            ("precompute", "logic: a", 30.0, False),  # cut off: real time, not finished
+            ("precompute", "logic: a", 600.0, True), ("precompute", "logic: b", 70.0, True)]
+    ledger.write_text("".join(json.dumps({"phase": p, "name": n, "seconds": s, "ok": ok})
+                              + "\n" for p, n, s, ok in rows))
+    t = totals(ledger)
+    assert t["precompute"] == 600 + 30 + 70 and t["discarded"] == 500
+    assert t["finished"] == 600 + 70 + 40 and t["total"] == 600 + 30 + 70 + 40
+
+
 def test_a_run_made_with_other_settings_is_set_aside_and_run_again(tmp_path: Path):
     from musketeers.reports.ledger import ledger_path, totals
 

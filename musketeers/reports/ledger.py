@@ -59,7 +59,8 @@ def totals(path: Path) -> dict[str, float]:
     """Seconds per phase and ``total`` over the ledger's calls, and ``finished``: the total of
     the calls that completed, i.e. what one uninterrupted invocation would have taken (less
     any part of an interrupted precompute its resumption did not redo). Calls of a run later
-    set aside as stale (``discard``) count in ``discarded`` only. {} without a ledger; a torn
+    set aside as stale (``discard``), and a store's precompute done again later (a new
+    machine), count in ``discarded`` only. {} without a ledger; a torn
     last line (the process killed mid-write) is skipped."""
     if not path.is_file():
         return {}
@@ -100,7 +101,13 @@ def _calls(path: Path) -> Iterator[tuple[dict, str, bool]]:
         except json.JSONDecodeError:
             continue
     last_discard = {row["name"]: i for i, row in enumerate(rows) if row["phase"] == "stale"}
+    # Stores do not outlive a session on every machine, so a grid resumed elsewhere computes
+    # the same store again: one uninterrupted invocation computes it once, the last time.
+    last_store = {row["name"]: i for i, row in enumerate(rows)
+                  if row["phase"] == "precompute" and row.get("ok")}
     for i, row in enumerate(rows):
-        if row["phase"] != "stale":
+        if row["phase"] == "precompute":
+            yield row, row["name"], bool(row.get("ok")) and last_store.get(row["name"], -1) > i
+        elif row["phase"] != "stale":
             run = row["name"].split("/")[0]  # eval calls are named run/file
             yield row, run, last_discard.get(run, -1) > i

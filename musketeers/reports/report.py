@@ -52,7 +52,8 @@ def _measured_wall_time(runs_dir: Path, grid_name: str) -> list[str]:
             "in calls that finished (the rest was spent in calls that failed or were stopped)"
             + (f"; not counted: {t['discarded']:.0f} s ({t['discarded'] / 3600:.2f} h) spent on "
                "runs later set aside as stale (their settings changed; kept under "
-               "`runs/stale/`) and run again" if t.get("discarded") else "")]
+               "`runs/stale/`) and run again, and on stores computed again on a later machine"
+               if t.get("discarded") else "")]
 
 
 def wall_time_by_stage(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]:
