@@ -20,13 +20,10 @@ import torch
 
 from musketeers import methods
 from musketeers.cache.errors import UserError
-from musketeers.config import DTYPES as DTYPE_NAMES
 from musketeers.config import TrainConfig, torch_dtype_name
 from musketeers.data import load_split
 from musketeers.methods import build_adapter
 
-# the torch dtype of each name TrainConfig accepts (one list of names, in config.py)
-DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES if name != "auto"}
 PolicyFactory = Callable[[TrainConfig], Any]
 log = logging.getLogger(__name__)
 
@@ -62,13 +59,14 @@ _BASE: dict[tuple, tuple[Any, Any]] = {}
 
 
 def _load_base(spec, device: str, dtype: str):
+    from musketeers.cache.devices import resolve_dtype
     from musketeers.cache.experts import load_expert
 
     key = (spec, device, dtype)
     if key not in _BASE:
         state = torch.get_rng_state()  # loading must not shift the seeded LoRA/adapter init
         _BASE.clear()  # one policy at a time: a grid uses one, and weights can be large
-        _BASE[key] = load_expert(spec, device, DTYPES[dtype])
+        _BASE[key] = load_expert(spec, device, resolve_dtype(dtype, device))
         torch.set_rng_state(state)
     model, tokenizer = _BASE[key]
     return copy.deepcopy(model), tokenizer

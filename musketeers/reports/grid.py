@@ -175,7 +175,7 @@ def load_grid(
         eval_limit=raw.get("eval_limit"),
         estimate=str(raw.get("estimate", "")).strip(),
         precompute=raw.get("precompute") or None,
-        name=str(raw.get("name") or budget),
+        name=str(raw.get("name") or ""),  # Grid defaults it to the budget
     )
 
 
