@@ -83,8 +83,8 @@ def run_steps(params: dict[str, Any]) -> dict[str, Any]:
     steps alternate cached, live, cached, live, …; ``step_s`` is then the cached steps and
     ``live_step_s`` the live step right after each.
     """
-    from musketeers.build import DTYPES, build_components, make_optimizer, team_specs
-    from musketeers.config import torch_dtype_name
+    from musketeers.build import build_components, make_optimizer, team_specs
+    from musketeers.cache.devices import resolve_dtype
     from musketeers.trainer import train_step
 
     threads = set_threads()
@@ -96,7 +96,7 @@ def run_steps(params: dict[str, Any]) -> dict[str, Any]:
     source = None
     paired = bool(params.get("paired"))
     if params.get("live") or paired:
-        dtype = DTYPES[torch_dtype_name(cfg.dtype, cfg.device)]
+        dtype = resolve_dtype(cfg.dtype, cfg.device)
         source = LiveExperts(team_specs(cfg), cfg.pooling, cfg.device, dtype, cfg.seed)
     times, lens, expert_s = [], [], []
     for step in range(cfg.steps):
