@@ -256,7 +256,7 @@ def test_wall_time_by_stage_projects_runs_not_done_from_done_ones(tmp_path: Path
     (runs_dir / "ledger-t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     def line(runs):
-        return wall_time_by_stage(grid, runs, runs_dir)[0].split("evaluations): ")[1]
+        return wall_time_by_stage(grid, runs, runs_dir)[0].split("have done): ")[1]
 
     # every run done: 2 × (120 + 240 + 150) s, the interrupted call not counted
     assert line(agg.load_runs(runs_dir)) == "stage 1: 6 of 6 runs done in 0.28 h"
@@ -265,10 +265,38 @@ def test_wall_time_by_stage_projects_runs_not_done_from_done_ones(tmp_path: Path
             (runs_dir / run.name / "eval.json").unlink()
     assert line(agg.load_runs(runs_dir)) == ("stage 1: 3 of 6 runs done in 0.14 h, 0.28 h "
                                              "projected for all")
-    # no Logic run done: Logic's two at the mean of the done runs with the same evaluations
+    # no Logic run done: Logic's two at Arithmetic's Single, nothing to scale it by
     (runs_dir / "t-logic-single-s0" / "eval.json").unlink()
     assert line(agg.load_runs(runs_dir)) == ("stage 1: 2 of 6 runs done in 0.07 h, 0.22 h "
-                                             "projected for all (2 at another family's mean)")
+                                             "projected for all (2 from another family's runs "
+                                             "of their kind)")
+
+
+def test_wall_time_projection_scales_another_familys_runs_by_this_familys(tmp_path: Path):
+    """A method not run yet on a slow family costs what it cost on a fast one times how much
+    slower the slow family's done runs were: at another family's mean it would be
+    underestimated, at this family's Single mean too (Ours reads experts)."""
+    from musketeers.reports.report import wall_time_by_stage
+
+    path = tmp_path / "g.yaml"
+    path.write_text(yaml.safe_dump({
+        "budget": "t", "seeds": [0], "defaults": {"budget": "t", "pooling": "last",
+                                                  "latents": 8, "team": "default"},
+        "runs": [{"task": ["arithmetic", "logic"], "method": ["single", "perceiver"]}]}))
+    grid = load_grid(path)
+    runs_dir = tmp_path / "runs"
+    run_grid(grid, runs_dir, partial(fake_train, steps=3), fake_evaluate, IDENTITY)
+    cost = {"arithmetic-single": 100, "arithmetic-perceiver": 200, "logic-single": 300,
+            "logic-perceiver": 0}
+    (runs_dir / "ledger-t.jsonl").write_text("".join(
+        json.dumps({"phase": "train", "name": run.name, "ok": True,
+                    "seconds": next(v for k, v in cost.items() if f"t-{k}-" in run.name)})
+        + "\n" for run in grid.runs))
+    (runs_dir / "t-logic-perceiver-default-last-m8-s0" / "eval.json").unlink()
+    text = wall_time_by_stage(grid, agg.load_runs(runs_dir), runs_dir)[0]
+    # 100 + 200 + 300 measured, and Logic's Ours at 200 × 300 / 100
+    assert text.endswith("stage 1: 3 of 4 runs done in 0.17 h, 0.33 h projected for all "
+                         "(1 from another family's runs of their kind)")
 
 
 def test_report_names_every_run_and_every_failure(tmp_path: Path):

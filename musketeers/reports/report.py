@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from musketeers import methods
+from musketeers.config import TrainConfig
 from musketeers.reports.aggregate import METRICS, Run, group_key, load_runs, mean_spearman
 from musketeers.reports.claims import PAPER_SPEARMAN, cell_comparisons, paper_claims, routed
 from musketeers.reports.figures import all_figures
@@ -58,25 +60,38 @@ def _measured_wall_time(runs_dir: Path, grid_name: str) -> list[str]:
 
 def wall_time_by_stage(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]:
     """Per stage of the grid: its runs done, their measured hours, and the stage's whole
-    wall time projected from them (a run not done yet at the mean of the done runs of its
-    family with the same steps and evaluations, else of any family), so a grid that outlasts
-    a session says how long it still needs."""
+    wall time projected from them, so a grid that outlasts a session says how long it still
+    needs. A run not done yet costs the mean of the done runs of its kind (family, steps,
+    evaluations, whether it reads experts); with none of its kind in its family, another
+    family's runs of its kind scaled by how this family's done runs compare with that
+    family's (a family with long prompts costs more for every method, and a method that
+    reads experts costs more in every family); with none of its kind anywhere, it is left out."""
     secs = run_seconds(ledger_path(runs_dir, grid.name))
     done = {r.name for r in runs if r.status == "done"} & set(secs)
     if not done:
         return []
 
-    def kind(g, family: bool = True) -> tuple:
-        task = group_key(g.fields)["task"] if family else None
-        return task, g.fields.get("steps"), g.eval_no_context
+    def kind(g) -> tuple[str, tuple]:
+        reads = methods.get(str(g.fields.get("method", TrainConfig.method))).uses_experts
+        return group_key(g.fields)["task"], (g.fields.get("steps"), g.eval_no_context, reads)
 
-    means = {}
-    for fam in (True, False):
-        by: dict[tuple, list[float]] = {}
-        for g in grid.runs:
-            if g.name in done:
-                by.setdefault(kind(g, fam), []).append(secs[g.name])
-        means[fam] = {k: float(np.mean(v)) for k, v in by.items()}
+    by: dict[tuple, list[float]] = {}
+    for g in grid.runs:
+        if g.name in done:
+            by.setdefault(kind(g), []).append(secs[g.name])
+    means = {k: float(np.mean(v)) for k, v in by.items()}
+
+    def estimate(g) -> tuple[float | None, bool]:
+        task, how = kind(g)
+        if (task, how) in means:
+            return means[(task, how)], False
+        for other in sorted({t for t, h in means if h == how}):
+            shared = [h for t, h in means if t == task and (other, h) in means]
+            scale = np.mean([means[(task, h)] / means[(other, h)] for h in shared]) if shared \
+                else 1.0
+            return means[(other, how)] * float(scale), True
+        return None, False
+
     parts = []
     for stage in sorted({g.stage for g in grid.runs}):
         stage_runs = [g for g in grid.runs if g.stage == stage]
@@ -86,21 +101,22 @@ def wall_time_by_stage(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]
         for g in stage_runs:
             if g.name in done:
                 continue
-            est = means[True].get(kind(g)) or means[False].get(kind(g, False))
-            other += kind(g) not in means[True] and est is not None
+            est, borrowed = estimate(g)
+            other += borrowed
             unknown += est is None
             total += est or 0.0
         text = f"stage {stage}: {n_done} of {len(stage_runs)} runs done in {measured / 3600:.2f} h"
         if n_done < len(stage_runs):
             text += f", {total / 3600:.2f} h projected for all"
-            notes = ([f"{other} at another family's mean"] if other else []) + (
-                [f"{unknown} with no done run like them, not counted"] if unknown else [])
+            notes = ([f"{other} from another family's runs of their kind"] if other else []) + (
+                [f"{unknown} with no done run of their kind, not counted"] if unknown else [])
             text += f" ({'; '.join(notes)})" if notes else ""
         parts.append(text)
     return ["- Wall time by stage (each done run's finished training and evaluation calls in "
             "the ledger, on the machines that ran them; a run not done yet projected at the "
-            "mean of the done runs of its family with the same steps and evaluations): "
-            + "; ".join(parts)]
+            "mean of the done runs of its kind: family, steps, evaluations, whether it reads "
+            "experts; a kind not done in its family from another family's, scaled by the "
+            "kinds both have done): " + "; ".join(parts)]
 
 
 def _what_was_run(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]:
