@@ -203,3 +203,21 @@ def test_signal_bench_by_source_splits_the_family_into_its_datasets():
                                 groups=[4], budgets=[2]) if r["extraction"] == "strict"]
     assert [r["source"] for r in whole] == ["all"]
     assert whole[0]["exact"] == rows["all"]["exact"]
+
+
+def test_trl_bench_pocket_step_is_the_step_the_pocket_grid_trains():
+    """The single-vs-TRL ratio is claimed for the pocket regime: its step must be the one the
+    grid runs (policy, task, dtype, prompts × G × tokens), not a copy that fell behind (the
+    copy said ``dtype: auto`` after the grid pinned float32)."""
+    from musketeers.bench.trl_bench import regime
+    from musketeers.config import resolve_config
+    from musketeers.reports.grid import load_grid
+
+    grid = load_grid("pocket")
+    run = next(g for g in grid.runs if g.fields.get("method") == "single"
+               and g.fields["task"].startswith("arithmetic"))
+    cfg = resolve_config(overrides={k: v for k, v in run.fields.items() if k != "seed"})
+    step = regime("pocket")
+    assert (step["policy"], step["task"], step["dtype"]) == (cfg.policy, cfg.task, cfg.dtype)
+    assert (step["prompts"], step["group_size"], step["max_new_tokens"]) == (
+        cfg.prompts_per_micro * cfg.grad_accum, cfg.group_size, cfg.max_new_tokens)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from musketeers.bench import report as rp
 from musketeers.bench.machine import OFFLINE_ENV, machine_info, median, set_threads, versions
+from musketeers.bench.trl_bench import REGIMES
 
 log = logging.getLogger("musketeers.bench")
 SECTIONS = ("matmul", "precompute", "reads", "train", "trl", "sharing", "gpu")
@@ -37,8 +38,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--team", default="default", help="pocket team of the precompute/train rows")
     p.add_argument("--roster", default="pocket", help="roster of the team (tiny: test models)")
     p.add_argument("--policy", default=None, help="policy of the train rows (default: budget's)")
-    p.add_argument("--trl-regime", default="pocket", choices=("pocket", "issue3"),
-                   help="what a step is in the single-vs-TRL rows (trl_bench.REGIMES)")
+    p.add_argument("--trl-regime", default="pocket", choices=REGIMES,
+                   help="what a step is in the single-vs-TRL rows (trl_bench.regime)")
     p.add_argument("--read-rows", type=int, default=16000, help="rows of the cache-read store")
     p.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"))
     p.add_argument("--work-dir", type=Path, default=None,
@@ -191,9 +192,9 @@ def section_trl(rep: rp.Report, args, ctx: dict) -> None:
 
 def section_sharing(rep: rp.Report, args, ctx: dict) -> None:
     from musketeers.bench.sharing_bench import bench_sharing
-    from musketeers.bench.trl_bench import REGIMES
+    from musketeers.bench.trl_bench import regime
 
-    pocket = REGIMES["pocket"]
+    pocket = regime("pocket")
     r = bench_sharing(args.policy or pocket["policy"], pocket["task"], args.reps,
                       0 if args.quick else 1)
     for key, what in (("ref_s", "reference log-probs"),

@@ -4,7 +4,7 @@ Same policy (the converted copy in the models dir), same prompts (through the ch
 template), same prompts × G per step, exactly ``max_new_tokens`` per completion on both sides
 (eos suppressed until then), every batch back-propagated on both sides (ours does not skip a
 batch without signal here), LoRA r = 8 / α = 16 on q_proj, v_proj, β = 0.04, lr 1e-4, the same
-weight dtype on both sides. ``REGIMES`` says what a step is.
+weight dtype on both sides. ``regime`` says what a step is.
 TRL pitfalls handled (MODELS.md): dtype through ``model_init_kwargs``; gradient checkpointing
 off (its default is on, which would only slow TRL down on this small model);
 ``per_device_train_batch_size`` counts completions (16 = 4 groups of 4).
@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from musketeers.bench.machine import peak_rss_mib, set_threads
 
 TRL_VERSION = "1.16.0"
@@ -30,14 +32,27 @@ PINNED = ("torch", "transformers", "peft", "accelerate", "datasets", "numpy", "s
 SHARED = {"lora_r": 8, "beta": 0.04, "lr": 1e-4}
 # What one step is, per regime (``--trl-regime``): ``issue3`` is the comparison of issue 3
 # (SmolLM2, gsm_symbolic with the DeepSeekZero prompt, 4 x 4 x 64 tokens, bf16); ``pocket`` is
-# the pocket grid's regime (Qwen2.5-Coder-0.5B, arithmetic:easier@direct, 4 prompts x G = 8 x 32
-# tokens) in the dtype this CPU runs natively (config ``dtype: auto``), the same on both sides.
-REGIMES: dict[str, dict[str, Any]] = {
-    "issue3": {"policy": "smollm2", "task": "gsm_symbolic", "prompts": 4, "group_size": 4,
-               "max_new_tokens": 64, "dtype": "bfloat16"},
-    "pocket": {"policy": "qwen2.5-coder-0.5b-instruct", "task": "arithmetic:easier@direct",
-               "prompts": 4, "group_size": 8, "max_new_tokens": 32, "dtype": "auto"},
-}
+# the pocket grid's step as the grid runs it (``regime``).
+ISSUE3 = {"policy": "smollm2", "task": "gsm_symbolic", "prompts": 4, "group_size": 4,
+          "max_new_tokens": 64, "dtype": "bfloat16"}
+REGIMES = ("pocket", "issue3")
+
+
+def regime(name: str) -> dict[str, Any]:
+    """What one step is. ``pocket`` is read from the pocket grid's YAML (its policy, its
+    arithmetic task, its dtype) and the pocket budget (prompts, G, new tokens), so the ratio
+    is measured on the step the grid runs, not on a copy of it that can fall behind."""
+    if name == "issue3":
+        return dict(ISSUE3)
+    from musketeers.config import BUDGETS
+    from musketeers.reports.grid import grid_file
+
+    raw = yaml.safe_load(grid_file("pocket").read_text())
+    size, defaults = BUDGETS["pocket"], raw.get("defaults") or {}
+    return {"policy": defaults["policy"], "task": raw["tasks"]["arithmetic"],
+            "prompts": size["prompts_per_micro"] * size["grad_accum"],
+            "group_size": size["group_size"], "max_new_tokens": size["max_new_tokens"],
+            "dtype": defaults.get("dtype", size["dtype"])}
 
 
 def ensure_trl(version: str = TRL_VERSION) -> str | None:
@@ -152,11 +167,11 @@ def write_items_store(cache_dir: Path, task: str, limit: int) -> None:
                     PrecomputeConfig(router=False))
 
 
-def bench_trl(cache_dir: Path, run_root: Path, regime: str, reps: int, warmup: int
+def bench_trl(cache_dir: Path, run_root: Path, regime_name: str, reps: int, warmup: int
               ) -> dict[str, dict[str, Any]]:
     from musketeers.bench.machine import run_child
 
-    r = REGIMES[regime]
+    r = regime(regime_name)
     write_items_store(cache_dir, r["task"], 64)
     base = {"cache_dir": str(cache_dir), "regime": r, "policy": r["policy"], "device": "cpu",
             "reps": reps, "warmup": warmup}
