@@ -34,6 +34,11 @@ DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": 
                "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """The name ``resolve_dtype`` takes for ``dtype`` (torch.float32 -> "float32")."""
+    return str(dtype).removeprefix("torch.")
+
+
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     if dtype == "auto":  # bf16 only where it is native: CUDA, or a CPU with bf16 dot products
         fast = device.startswith("cuda") or cpu_has_bf16()

@@ -323,9 +323,9 @@ def torch_dtype_name(dtype: str, device: str) -> str:
     machine that runs it, so a config saved as ``auto`` stays portable across CPUs."""
     if dtype != "auto":
         return dtype
-    from musketeers.cache.devices import resolve_dtype  # precompute's own rule for "auto"
+    from musketeers.cache.devices import dtype_name, resolve_dtype  # precompute's own rule
 
-    return str(resolve_dtype("auto", device)).removeprefix("torch.")
+    return dtype_name(resolve_dtype("auto", device))
 
 
 def _check_device(device: str) -> None:

@@ -22,6 +22,7 @@ import torch
 
 from musketeers import checkpoint as ckpt
 from musketeers.build import PolicyFactory, build_components
+from musketeers.cache.devices import dtype_name
 from musketeers.cache.errors import UserError
 from musketeers.cache.progress import progress
 from musketeers.config import read_run_config
@@ -81,6 +82,7 @@ def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = Fals
         "method": cfg.method,
         "extraction": cfg.extraction,
         "checkpoint": last.name,
+        "dtype": dtype_name(policy.dtype),  # as resolved on the machine that evaluated
     }
     result_file, samples_file = eval_files(context=not no_context)
     with open(run_dir / samples_file, "w") as f:

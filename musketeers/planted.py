@@ -29,6 +29,7 @@ import torch
 
 from musketeers.cache import layout
 from musketeers.cache import store as st
+from musketeers.cache.devices import resolve_dtype
 from musketeers.cache.errors import UserError
 from musketeers.cache.items import items_fingerprint
 from musketeers.config import TrainConfig, resolve_config
@@ -130,7 +131,8 @@ def tiny_llama(cfg: TrainConfig, tokenizer: Any):
                          # a frozen head initialised at 0.02 caps logit gaps near 1, and LoRA
                          # (q, v only) cannot widen them: the policy could never be confident
                          initializer_range=0.2)
-    model = LlamaForCausalLM(config).to(cfg.device)
+    # initialised in float32 whatever the dtype, so a seed draws the same weights in each
+    model = LlamaForCausalLM(config).to(cfg.device, resolve_dtype(cfg.dtype, cfg.device))
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model

@@ -30,6 +30,7 @@ import torch
 from musketeers import checkpoint as ckpt
 from musketeers import runfolder
 from musketeers.build import PolicyFactory, build_components, make_optimizer
+from musketeers.cache.devices import dtype_name
 from musketeers.cache.errors import UserError
 from musketeers.cache.progress import progress
 from musketeers.config import TrainConfig
@@ -220,8 +221,11 @@ def _train(cfg: TrainConfig, resume: bool, policy_factory: PolicyFactory | None,
     start = runfolder.restore(run, resume, policy.model, adapter, optimizer, scheduler, generator)
     runfolder.begin(cfg, run, fingerprints)
     with runfolder.disk_errors(run):  # a full disk is the one-line error, here as elsewhere
+        # the dtype and device as resolved here: config.yaml keeps `auto`, which means
+        # bf16 on one CPU and fp32 on another
         (run / "inputs.json").write_text(json.dumps(
-            {"rows": len(data), "constant_experts": data.constant_experts()}))
+            {"rows": len(data), "constant_experts": data.constant_experts(),
+             "dtype": dtype_name(policy.dtype), "device": str(policy.device)}))
     writer = tensorboard(run)
     end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
     with runfolder.disk_errors(run):

@@ -299,6 +299,25 @@ def test_wall_time_projection_scales_another_familys_runs_by_this_familys(tmp_pa
                          "(1 from another family's runs of their kind)")
 
 
+def test_report_says_which_dtype_each_half_ran_in(tmp_path: Path):
+    """config.yaml keeps `auto`; the report counts the dtype each run's training and
+    evaluation resolved to on their machines (inputs.json, eval.json)."""
+    from musketeers.reports.report import _computed_in
+
+    grid = load_grid(small_grid(tmp_path))
+    runs_dir = tmp_path / "runs"
+    run_grid(grid, runs_dir, partial(fake_train, steps=3), fake_evaluate, IDENTITY)
+    names = [g.name for g in grid.runs]
+    for i, name in enumerate(names[:3]):  # three trained in float32, one evaluated in bf16
+        (runs_dir / name / "inputs.json").write_text(json.dumps({"dtype": "float32"}))
+        path = runs_dir / name / "eval.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()),
+                                    "dtype": "bfloat16" if i == 0 else "float32"}))
+    (line,) = _computed_in(agg.load_runs(runs_dir))
+    assert "training float32 ×3, not recorded ×3; evaluation bfloat16 ×1, float32 ×2, " \
+        "not recorded ×3" in line
+
+
 def test_report_names_every_run_and_every_failure(tmp_path: Path):
     grid = load_grid(small_grid(tmp_path))
     runs_dir = tmp_path / "runs"

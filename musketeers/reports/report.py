@@ -119,6 +119,23 @@ def wall_time_by_stage(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]
             "kinds both have done): " + "; ".join(parts)]
 
 
+def _computed_in(runs: list[Run]) -> list[str]:
+    """The dtype each half ran in, as resolved on its machine (inputs.json, eval.json): a
+    config's `auto` is bf16 on one CPU and fp32 on another, so the config alone cannot say."""
+    def count(dtypes: list[str | None]) -> str:
+        n: dict[str, int] = {}
+        for d in dtypes:
+            n[d or "not recorded"] = n.get(d or "not recorded", 0) + 1
+        return ", ".join(f"{d} ×{k}" for d, k in sorted(n.items())) or "—"
+    trained = [(r.inputs or {}).get("dtype") for r in runs if r.summary is not None]
+    scored = [(r.eval or {}).get("dtype") for r in runs if r.eval is not None]
+    if not trained and not scored:
+        return []
+    asked = ", ".join(sorted({str(r.config.get("dtype", "auto")) for r in runs}))
+    return [f"- Policy dtype as resolved where each half ran (runs): training {count(trained)}; "
+            f"evaluation {count(scored)}; asked for in the configs: {asked}"]
+
+
 def _what_was_run(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]:
     cfgs = [r.config for r in runs]
     def values(key: str) -> str:
@@ -144,6 +161,7 @@ def _what_was_run(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]:
         f"{values('method')}",
         f"- Answer extraction: {values('extraction')}; new tokens: {values('max_new_tokens')}; "
         f"G: {values('group_size')}",
+        *_computed_in(runs),
         f"- Seeds: {values('seed')}; training steps per run: "
         f"{', '.join(map(str, steps)) or '—'}",
         f"- Total training wall time (sum over runs): {wall:.0f} s ({wall / 3600:.2f} h)",
