@@ -64,8 +64,14 @@ DESIGN: tuple[Part, ...] = (
          ({"method": "zero_context", "team": "default"},)),
     Part("baselines", "Table 1's other methods",
          ({"method": ["hard_routing", "output_collab", "no_cross_attn"], "team": "default"},)),
-    Part("figure5", "Figure 5 and its claim: Ours with and without C",
-         ({"task": ["logic", "arithmetic"], **OURS, "eval_no_context": True},)),
+    # its control: the shuffled-experts run (the controls part's) evaluated without C too; a
+    # policy trained beside m context positions may lose accuracy without them whatever they
+    # hold. ``eval_only``: this part adds an evaluation to that run and changes none of its
+    # training settings (an overlay's ``set`` skips it), so the run is not trained twice.
+    Part("figure5", "Figure 5 and its claim: Ours with and without C, against its control",
+         ({"task": ["logic", "arithmetic"], **OURS, "eval_no_context": True},
+          {"task": ["logic", "arithmetic"], "method": "shuffled_experts", "team": "default",
+           "eval_no_context": True, "eval_only": True})),
     Part("table2", "Table 2: pooling (last = Table 1's Ours)",
          ({"task": "arithmetic", **OURS, "pooling": list(POOLINGS)},)),
     Part("figure6", "Figure 6: the number of latent queries m (8 = Table 1's Ours)",
@@ -92,7 +98,9 @@ def part_entries(part: Part, settings: PartSettings, families: dict[str, str]
     ``only`` applied to swept and fixed values, ``set`` added, seeds and stage attached."""
     out = []
     for entry in part.entries:
-        entry = {**entry, **settings.set}
+        entry = dict(entry)
+        if not entry.pop("eval_only", False):
+            entry.update(settings.set)
         own = settings.tasks or entry.pop("task", None) or list(families)
         entry.pop("task", None)  # replaced by the overlay's tasks, if it names them
         tasks = [families[t] for t in (own if isinstance(own, list) else [own])

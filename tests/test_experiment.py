@@ -56,12 +56,15 @@ def test_an_overlay_selects_parts_values_seeds_and_stages(tmp_path: Path):
     # Figure 6 is Arithmetic's only, on the first seed, after everything else
     assert names[-2:] == ["smoke-arithmetic-perceiver-default-last-m4-s3",
                           "smoke-arithmetic-perceiver-default-last-m32-s3"]
-    # Figure 5's runs are Ours' default team on its own tasks, with the overlay's setting
-    fig5 = [r for r in grid.runs if r.eval_no_context]
-    assert {r.name for r in fig5} == {f"smoke-{t}-perceiver-default-last-m8-s{s}"
-                                      for t in ("logic", "arithmetic") for s in (3, 4)}
-    assert all(r.fields["no_context_every"] == 5 for r in fig5)
-    assert not any("hard_routing" in n or "shuffled" in n for n in names)
+    # Figure 5's runs are Ours' default team on its own tasks, with the overlay's setting,
+    # and its shuffled-experts control, evaluated without C too but trained as the controls
+    # part trains it (the overlay's setting is not applied to it)
+    fig5 = {r.name: r for r in grid.runs if r.eval_no_context}
+    ours = {f"smoke-{t}-perceiver-default-last-m8-s{s}" for t in ("logic", "arithmetic")
+            for s in (3, 4)}
+    assert set(fig5) == ours | {n.replace("perceiver", "shuffled_experts") for n in ours}
+    assert all((fig5[n].fields.get("no_context_every") == 5) == (n in ours) for n in fig5)
+    assert not any("hard_routing" in n or "shuffled_reward" in n for n in names)
 
 
 def test_an_overlay_maps_families_to_variants_and_drops_the_rest(tmp_path: Path):

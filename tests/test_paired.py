@@ -29,8 +29,11 @@ def test_paired_difference_and_its_standard_error(tmp_path: Path):
     assert (p.n, p.runs) == (4, 1)
     assert p.a == pytest.approx(50.0) and p.b == pytest.approx(25.0)
     assert p.diff == pytest.approx(25.0) and p.se == pytest.approx(25.0)
-    claim = _paired_claim("arithmetic", [run])
-    assert "**holds here, but within noise**" in claim and "within 2 SE (50.00)" in claim
+    claim = _paired_claim("arithmetic", [run], [])
+    assert "**no control run: not evidence**" in claim and "within 2 SE (50.00)" in claim
+    # the control's C helps nowhere: the with/without verdict stands (here: noise)
+    flat = _run(tmp_path, "k", {"a": 1, "b": 0, "c": 0, "d": 0}, {"a": 1, "b": 0, "c": 0, "d": 0})
+    assert "**holds here, but within noise**" in _paired_claim("arithmetic", [run], [flat])
 
 
 def test_pairing_is_what_makes_a_small_gain_a_finding(tmp_path: Path):
@@ -41,11 +44,18 @@ def test_pairing_is_what_makes_a_small_gain_a_finding(tmp_path: Path):
     runs = [_run(tmp_path, "ours", with_c, without)]
     p = paired_context(runs)
     assert p.diff == pytest.approx(5.0) and 2 * p.noise < 2.3
-    assert "**holds here**" in _paired_claim("arithmetic", runs)
+    # a control whose C does nothing: the gain is Ours' own
+    flat = [_run(tmp_path, "flat", without, without)]
+    assert "**holds here**" in _paired_claim("arithmetic", runs, flat)
+    # a control whose C gains as much (on other items): C's presence, not its information
+    same = {k: float(v or int(k[1:]) in range(300, 320)) for k, v in without.items()}
+    claim = _paired_claim("arithmetic", runs, [_run(tmp_path, "same", same, without)])
+    assert "**does not clear its control: within noise of it, not evidence**" in claim
+    assert "C's gain +5.00 in Ours vs +5.00 in the control (1 seed)" in claim
     # the same scores with the items shuffled against each other: no pairing, no finding
     shuffled = dict(zip(with_c, sorted(with_c.values()), strict=True))
     assert "within noise" in _paired_claim("arithmetic", [_run(tmp_path, "x", shuffled,
-                                                                without)])
+                                                                without)], flat)
 
 
 def test_no_pairs_no_verdict(tmp_path: Path):
@@ -54,7 +64,7 @@ def test_no_pairs_no_verdict(tmp_path: Path):
     (d / "eval_samples.jsonl").write_text(json.dumps({"id": "a", "score": 1}) + "\n")
     run = agg.Run("x", d, {}, "done")
     assert paired_context([run]) is None
-    assert "cannot be checked" in _paired_claim("arithmetic", [run])
+    assert "cannot be checked" in _paired_claim("arithmetic", [run], [])
 
 
 def _cell_run(root: Path, name: str, seed: int, scores: dict[str, float]) -> agg.Run:

@@ -682,6 +682,9 @@ def test_the_accuracy_claim_for_ours_must_clear_its_shuffled_experts_control(tmp
     assert "vs shuffled experts (seed 0): 60.00 vs 60.00" in tie
     better = _accuracy_claim(tmp_path / "better", 0.6, 0.3, 0.8)
     assert "**does not clear its control**" in better
+    # within noise of Single, and the control ahead of Ours beyond noise: said, not hidden
+    behind = _accuracy_claim(tmp_path / "behind", 0.31, 0.3, 0.6)
+    assert "**within noise of Single, and behind its control beyond noise**" in behind
     clear = _accuracy_claim(tmp_path / "clear", 0.6, 0.3, 0.3)
     assert "**holds here**" in clear and "exceeds 2 SE" in clear
     # no control run, or only on another seed: not evidence, never a silent pass

@@ -65,6 +65,12 @@ def paired(files: list[tuple[Path, Path]], metric: str = "exact") -> Paired | No
             a, b = _by_item(fa, metric), _by_item(fb, metric)
             if both := sorted(set(a) & set(b)):
                 groups.append([(a[i], b[i]) for i in both])
+    return _paired(groups)
+
+
+def _paired(groups: list[list[tuple[float, float]]]) -> Paired | None:
+    """``Paired`` of item pairs (x, y) grouped by run pair: the mean of x − y, its SE over
+    items and, with ≥ 2 groups, over the groups' means."""
     pairs = [p for g in groups for p in g]
     n = len(pairs)
     if n < 2:
@@ -85,6 +91,27 @@ def paired(files: list[tuple[Path, Path]], metric: str = "exact") -> Paired | No
 def paired_context(runs: list[Run]) -> Paired | None:
     """Exact with C against without C, each run against itself (Figure 5 on held-out items)."""
     return paired([(r.path / eval_files(True)[1], r.path / eval_files(False)[1]) for r in runs])
+
+
+def paired_context_gain(ours: list[Run], control: list[Run]) -> Paired | None:
+    """Figure 5 against its control: C's gain in Ours (exact with C − without, per item)
+    against C's gain in the control run of the same seed (its C built from another item's
+    expert vectors). A policy trained with m context positions may lean on their mere
+    presence, so removing C can cost both runs; only the gain beyond the control's is
+    the experts' item information. ``a`` and ``b`` are the two mean gains, in points."""
+    by_seed = {r.seed: r for r in control}
+    groups = []
+    for r in ours:
+        k = by_seed.get(r.seed)
+        if k is None:
+            continue
+        files = [run.path / eval_files(c)[1] for run in (r, k) for c in (True, False)]
+        if not all(f.is_file() for f in files):
+            continue
+        oc, ox, kc, kx = (_by_item(f, "exact") for f in files)
+        if both := sorted(set(oc) & set(ox) & set(kc) & set(kx)):
+            groups.append([(oc[i] - ox[i], kc[i] - kx[i]) for i in both])
+    return _paired(groups)
 
 
 def paired_cells(a: Cell, b: Cell) -> Paired | None:
