@@ -830,3 +830,15 @@ def test_a_variant_fills_its_family_column_and_the_table_names_it(tmp_path: Path
     assert header.count("(ours)") == len(TASK_TITLES)  # no column of the variant's own
     assert "| Single | — | 51.56 ± 0.55 | 33.00 (1 seed) |" in text
     assert "Arithmetic = `arithmetic:easy@direct`" in text
+
+
+def test_figure5_training_reward_claim_is_no_evidence_without_a_control(tmp_path: Path):
+    """No control samples without C while it trains, so reward with C above reward without
+    C during training is said, but as no evidence, however large the gap."""
+    d = write_run(tmp_path, "ours", 0.5, rewards=(0.9, 0.9, 0.9), seed=0, **KEY)
+    rows = [{**json.loads(x), "reward_no_context": 0.1}
+            for x in (d / "metrics.jsonl").read_text().splitlines()]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    claims = paper_claims(agg.load_runs(tmp_path), 8)
+    line = next(c for c in claims if "Arithmetic, reward with C exceeds" in c)
+    assert "**no control run: not evidence**" in line and "0.900 vs 0.100" in line
