@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import platform
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -85,12 +86,14 @@ def wall_time_by_stage(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]
         task, how = kind(g)
         if (task, how) in means:
             return means[(task, how)], False
-        for other in sorted({t for t, h in means if h == how}):
-            shared = [h for t, h in means if t == task and (other, h) in means]
-            scale = np.mean([means[(task, h)] / means[(other, h)] for h in shared]) if shared \
-                else 1.0
-            return means[(other, how)] * float(scale), True
-        return None, False
+        others = sorted({t for t, h in means if h == how})
+        if not others:
+            return None, False
+        other = others[0]
+        shared = [h for t, h in means if t == task and (other, h) in means]
+        scale = np.mean([means[(task, h)] / means[(other, h)] for h in shared]) if shared \
+            else 1.0
+        return means[(other, how)] * float(scale), True
 
     parts = []
     for stage in sorted({g.stage for g in grid.runs}):
@@ -123,9 +126,7 @@ def _computed_in(runs: list[Run]) -> list[str]:
     """The dtype each half ran in, as resolved on its machine (inputs.json, eval.json): a
     config's `auto` is bf16 on one CPU and fp32 on another, so the config alone cannot say."""
     def count(dtypes: list[str | None]) -> str:
-        n: dict[str, int] = {}
-        for d in dtypes:
-            n[d or "not recorded"] = n.get(d or "not recorded", 0) + 1
+        n = Counter(d or "not recorded" for d in dtypes)
         return ", ".join(f"{d} ×{k}" for d, k in sorted(n.items())) or "—"
     trained = [(r.inputs or {}).get("dtype") for r in runs if r.summary is not None]
     scored = [(r.eval or {}).get("dtype") for r in runs if r.eval is not None]
