@@ -53,6 +53,7 @@ def ablate(
         publish_ledger,
         publish_run,
         publish_runs,
+        set_aside_published,
     )
     from musketeers.reports.report import report_dir, write_report
 
@@ -78,7 +79,9 @@ def ablate(
             publish_run(run_dir, published / run.name)
             publish_ledger(g, runs_dir, published)
 
-        result = run_grid(g, runs_dir, ledger=ledger, on_done=publish, hours=hours)
+        result = run_grid(g, runs_dir, ledger=ledger, on_done=publish, hours=hours,
+                          on_stale=lambda name, kept: set_aside_published(published, name,
+                                                                          kept.name))
         typer.echo(f"{len(result.trained)} trained, {len(result.evaluated)} evaluated, "
                    f"{len(result.skipped)} already done, {len(result.failed)} failed"
                    + (f", {len(result.stale)} stale (set aside under {runs_dir / 'stale'} "

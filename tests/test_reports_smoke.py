@@ -69,6 +69,24 @@ def test_three_run_grid_end_to_end(tmp_path: Path):
     first_ledger = (tmp_path / "runs" / "ledger-smoke.jsonl").read_text().splitlines()
     assert ledger[:len(first_ledger)] == first_ledger and len(ledger) > len(first_ledger)
     assert (out / "runs" / "smoke-arithmetic-single-s0" / "eval.json").is_file()
+    # a setting of the context runs changes: they are set aside and run again, and their
+    # published copies move to runs/stale/ beside the new ones, so a report rebuilt from the
+    # published folder never mixes the two settings (Single reads no adapter: it stays)
+    raw = yaml.safe_load(grid.read_text())
+    raw["defaults"]["adapter_lr"] = 5e-5
+    grid.write_text(yaml.safe_dump(raw))
+    fourth = CliRunner().invoke(app, fresh)
+    assert fourth.exit_code == 0, fourth.output
+    assert "2 trained" in fourth.output and "2 stale" in fourth.output
+    kept = sorted(p.name.split(".")[0] for p in (out / "runs" / "stale").iterdir())
+    context_runs = sorted(p.name for p in (out / "runs").glob("smoke-*perceiver*"))
+    assert kept == context_runs and len(kept) == 2
+    for name in context_runs:
+        assert yaml.safe_load((out / "runs" / name / "config.yaml").read_text())[
+            "adapter_lr"] == 5e-5
+    old = next((out / "runs" / "stale").iterdir())
+    assert yaml.safe_load((old / "config.yaml").read_text())["adapter_lr"] == 1e-4
+    assert (old / "eval.json").is_file()
 
 
 def _decodes_non_empty(png: Path) -> bool:

@@ -302,6 +302,7 @@ def run_grid(
     ledger: Path | None = None,
     on_done: Callable[[GridRun, Path], None] | None = None,
     hours: float | None = None,
+    on_stale: Callable[[str, Path], None] | None = None,
 ) -> GridResult:
     """Train and evaluate every run of ``grid`` that has no finished result under ``runs_dir``.
 
@@ -312,7 +313,9 @@ def run_grid(
     next time the grid runs. The three callables default to the trainer, the evaluator and
     the TrainConfig loader; tests inject fakes. Each training and evaluation call's wall time
     goes to ``ledger`` (``musketeers.reports.ledger``). ``on_done(run, run_dir)`` is called
-    as each run is finished and evaluated (``ablate`` publishes it there and then).
+    as each run is finished and evaluated (``ablate`` publishes it there and then), and
+    ``on_stale(name, kept)`` as a stale run is set aside to ``kept`` (``ablate`` sets its
+    published copy aside too, so the published folder never mixes two settings either).
 
     ``hours`` bounds this invocation: a run is not started when it would end past it, judged
     by the longest run this invocation has finished (so the first always starts). What is
@@ -330,7 +333,9 @@ def run_grid(
                                    config_fn({**run.fields, "run_dir": str(runs_dir / run.name)}))
             if changed:
                 result.stale.append(run.name)
-                set_aside(runs_dir, run.name, changed, ledger)
+                kept = set_aside(runs_dir, run.name, changed, ledger)
+                if on_stale:
+                    on_stale(run.name, kept)
         status = run_status(runs_dir / run.name, run.eval_no_context)
         if status == "done":
             result.skipped.append(run.name)

@@ -48,6 +48,22 @@ def publish_runs(grid: Grid, runs_dir: Path, dest: Path) -> list[str]:
     return copied
 
 
+def set_aside_published(published: Path, name: str, kept_as: str) -> Path | None:
+    """Move the published copy of a run the grid set aside as stale to
+    ``<published>/stale/<kept_as>`` (the local folder's name there), so the published folder
+    holds only runs of the grid as it stands while the old result stays committed beside it
+    (e.g. to compare the two settings); None when nothing was published under ``name``."""
+    src = Path(published) / name
+    if not src.is_dir():
+        return None
+    dest = Path(published) / "stale" / kept_as
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.exists():
+        shutil.rmtree(dest)
+    src.rename(dest)
+    return dest
+
+
 def publish_ledger(grid: Grid, runs_dir: Path, dest: Path) -> None:
     ledger = ledger_path(runs_dir, grid.name)
     if ledger.is_file() and ledger.resolve() != ledger_path(dest, grid.name).resolve():
