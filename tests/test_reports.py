@@ -318,6 +318,22 @@ def test_report_says_which_dtype_each_half_ran_in(tmp_path: Path):
         "not recorded ×3" in line
 
 
+def test_report_states_learning_rates_of_the_runs_that_use_them(tmp_path: Path):
+    """The adapter's learning rate is read from the runs that have an adapter: Single's
+    config carries the field too, unused, and must not show up beside it."""
+    path = small_grid(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["runs"][0]["adapter_lr"] = 0.5  # Single: a value nothing reads
+    raw["runs"][1]["adapter_lr"] = 1e-5
+    path.write_text(yaml.safe_dump(raw))
+    grid = load_grid(path)
+    runs_dir = tmp_path / "runs"
+    run_grid(grid, runs_dir, partial(fake_train, steps=3), fake_evaluate, IDENTITY)
+    text = write_report(grid, runs_dir, tmp_path / "reports").read_text()
+    (line,) = [x for x in text.splitlines() if x.startswith("- Learning rates")]
+    assert "adapter 1e-05 (runs that read C)" in line and "0.5" not in line
+
+
 def test_report_names_every_run_and_every_failure(tmp_path: Path):
     grid = load_grid(small_grid(tmp_path))
     runs_dir = tmp_path / "runs"

@@ -15,7 +15,7 @@ from musketeers.config import TrainConfig
 from musketeers.reports.aggregate import METRICS, Run, group_key, load_runs, mean_spearman
 from musketeers.reports.claims import PAPER_SPEARMAN, cell_comparisons, paper_claims, routed
 from musketeers.reports.figures import all_figures
-from musketeers.reports.grid import Grid
+from musketeers.reports.grid import Grid, ignored
 from musketeers.reports.ledger import PHASES, ledger_path, run_seconds, totals
 from musketeers.reports.tables import (
     DEFAULT_LATENTS,
@@ -139,8 +139,9 @@ def _computed_in(runs: list[Run]) -> list[str]:
 
 def _what_was_run(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]:
     cfgs = [r.config for r in runs]
-    def values(key: str) -> str:
-        vals = sorted({str(c.get(key)) for c in cfgs if c.get(key) is not None})
+    def values(key: str) -> str:  # over the runs whose method reads the field
+        vals = sorted({str(c.get(key)) for c in cfgs if c.get(key) is not None
+                       and key not in ignored(c.get("method"))})
         return ", ".join(vals) or "—"
     wall = sum(r.wall_time for r in runs)
     steps = sorted({int((r.summary or {}).get("steps") or r.config.get("steps") or 0)
@@ -162,6 +163,8 @@ def _what_was_run(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]:
         f"{values('method')}",
         f"- Answer extraction: {values('extraction')}; new tokens: {values('max_new_tokens')}; "
         f"G: {values('group_size')}",
+        f"- Learning rates: LoRA {values('lr')}, adapter {values('adapter_lr')} (runs that "
+        f"read C); β: {values('beta')}; warm-up steps: {values('warmup_steps')}",
         *_computed_in(runs),
         f"- Seeds: {values('seed')}; training steps per run: "
         f"{', '.join(map(str, steps)) or '—'}",
