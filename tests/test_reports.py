@@ -239,7 +239,7 @@ def test_hours_stops_between_runs_before_one_would_end_past_it(tmp_path: Path, m
 
 
 def test_wall_time_by_stage_projects_runs_not_done_from_done_ones(tmp_path: Path):
-    from musketeers.reports.report import wall_time_by_stage
+    from musketeers.reports.walltime import wall_time_by_stage
 
     grid = load_grid(small_grid(tmp_path))
     runs_dir = tmp_path / "runs"
@@ -276,7 +276,7 @@ def test_wall_time_projection_scales_another_familys_runs_by_this_familys(tmp_pa
     """A method not run yet on a slow family costs what it cost on a fast one times how much
     slower the slow family's done runs were: at another family's mean it would be
     underestimated, at this family's Single mean too (Ours reads experts)."""
-    from musketeers.reports.report import wall_time_by_stage
+    from musketeers.reports.walltime import wall_time_by_stage
 
     path = tmp_path / "g.yaml"
     path.write_text(yaml.safe_dump({
