@@ -27,6 +27,7 @@ import zarr
 from musketeers.cache import layout
 from musketeers.cache import store as st
 from musketeers.cache.backbone import Backbone, forward_pool, length_batches, pad, want_compile
+from musketeers.cache.devices import dtype_name
 from musketeers.cache.devices import resolve_device as resolve_device  # re-exported
 from musketeers.cache.devices import resolve_dtype as resolve_dtype  # re-exported
 from musketeers.cache.dist import Dist
@@ -227,7 +228,7 @@ def expert_fingerprint(spec: ExpertSpec, model, tokenizer, cfg: PrecomputeConfig
         "expert": {"name": spec.name, "kind": spec.kind, "ref": spec.ref, "file": spec.file},
         "weights_sha256": model.musketeers_sha256,
         "tokenizer": tokenizer_fingerprint(tokenizer),
-        "dtype": str(cfg.dtype).removeprefix("torch."),
+        "dtype": dtype_name(cfg.dtype),
         "items_fingerprint": items_fp,
         "pooling": {"seed": cfg.seed, "max_length": cfg.max_length, "truncation": "keep_last",
                     "chunk_rows": cfg.chunk_rows, "batch_tokens": cfg.batch_tokens},

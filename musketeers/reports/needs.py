@@ -102,9 +102,9 @@ def check_dtype(need: TaskNeed, root: Any, dtype: str | None, device: str = "aut
     """
     if root is None or dtype in (None, "auto"):
         return
-    from musketeers.cache.devices import resolve_device, resolve_dtype
+    from musketeers.cache.devices import dtype_name, resolve_device, resolve_dtype
 
-    want = str(resolve_dtype(dtype, resolve_device(device))).removeprefix("torch.")
+    want = dtype_name(resolve_dtype(dtype, resolve_device(device)))
     for name in need.experts:
         for split in SPLITS:
             g = layout.find_expert(root, split, name)
