@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 
 from musketeers.reports import aggregate as agg
-from musketeers.reports.claims import _paired_claim, within_noise
+from musketeers.reports.claims import _paired_claim
 from musketeers.reports.paired import paired_cells, paired_context
+from musketeers.reports.verdicts import within_noise
 
 
 def _run(root: Path, name: str, with_c: dict[str, float], without_c: dict[str, float]):

@@ -16,12 +16,13 @@ import yaml
 
 from musketeers.cache.errors import UserError
 from musketeers.reports import aggregate as agg
-from musketeers.reports.claims import compare, paper_claims, within_noise
+from musketeers.reports.claims import compare, paper_claims
 from musketeers.reports.fake import fake_evaluate, fake_train
 from musketeers.reports.grid import load_grid, run_grid, run_name, run_status
 from musketeers.reports.needs import grid_needs, missing, open_task_store
 from musketeers.reports.report import write_report
 from musketeers.reports.tables import TABLE1, TABLE2, TASK_TITLES, table1_markdown
+from musketeers.reports.verdicts import within_noise
 
 IDENTITY = lambda fields: fields  # noqa: E731 - the fakes take the fields dict as config
 
@@ -837,6 +838,26 @@ def test_the_regime_claim_needs_every_single_seed_beyond_2_se_of_the_untrained_p
     shutil.rmtree(tmp_path / "u")
     assert "no control run: not evidence" in learns_claim(agg.load_runs(tmp_path), "arithmetic")
     assert learns_claim(agg.load_runs(tmp_path), "logic") is None
+
+
+def test_the_reward_claim_holds_only_where_ours_clears_its_shuffled_reward_control(
+        tmp_path: Path):
+    """Updates without reward can raise exact too (shorter answers): Ours' exact is evidence
+    of RL only beyond its shuffled-reward run on the same seed."""
+    from musketeers.reports.claims import reward_claim
+
+    write_run(tmp_path, "ours", 0.56, n=400, seed=0, **KEY)
+    ctl = write_run(tmp_path, "ctl", 0.24, n=400, seed=0, **{**KEY, "method": "shuffled_reward"})
+    text = reward_claim(agg.load_runs(tmp_path), "arithmetic", 8)
+    assert "**holds here**" in text and "56.00 vs 24.00" in text
+    # the control learns as much (as algorithmic's did at seed 0): no longer evidence
+    (ctl / "eval.json").write_text(json.dumps({"exact": 0.555, "score": 0.555, "n": 400}))
+    text = reward_claim(agg.load_runs(tmp_path), "arithmetic", 8)
+    assert "**within noise: the updates, not the reward, account for Ours' exact**" in text
+    shutil.rmtree(ctl)
+    assert "**no control run: not evidence**" in reward_claim(agg.load_runs(tmp_path),
+                                                              "arithmetic", 8)
+    assert reward_claim(agg.load_runs(tmp_path), "logic", 8) is None
 
 
 def test_a_variant_fills_its_family_column_and_the_table_names_it(tmp_path: Path):

@@ -10,7 +10,6 @@ A claim without its control run is no evidence either way, and says so. Accuracy
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 
 import numpy as np
 
@@ -25,7 +24,7 @@ from musketeers.reports.aggregate import (
     series,
 )
 from musketeers.reports.figures import LATENTS
-from musketeers.reports.paired import paired_cells, paired_context, paired_context_gain
+from musketeers.reports.paired import paired_context, paired_context_gain
 from musketeers.reports.tables import (
     DEFAULT_POOLING,
     DEFAULT_TEAM,
@@ -37,10 +36,17 @@ from musketeers.reports.tables import (
     table1_cells,
     table2_cells,
 )
+from musketeers.reports.verdicts import (
+    NO_CONTROL,
+    claim_line,
+    seeds_text,
+    two_se_clause,
+    versus,
+    within_noise,
+)
 
 PAPER_SPEARMAN = -0.48
 FIGURE6_TASK = experiment.PARTS["figure6"].values("task")[0]
-NO_CONTROL = "no control run: not evidence"
 # §4.3's routing claims, per run (aggregate.Run): (claim, Run attribute, the sign of "holds",
 # how to say the two means)
 ROUTING_CLAIMS: tuple[tuple[str, str, int, str], ...] = (
@@ -76,77 +82,17 @@ def compare(ours: Cell, paper: tuple[float, float] | None) -> str | None:
            f"(> 1 std = {tol:.2f})"
 
 
-def within_noise(a: Cell, b: Cell) -> tuple[bool, str]:
-    """Whether two cells differ by no more than their noise, and a clause saying by how much.
-
-    Where both cells' runs kept their graded completions, the two are compared item by item
-    on the same seeds (musketeers.reports.paired): |Δ| ≤ 2 SE of the paired difference, or of
-    the per-seed differences where that is larger. Otherwise |Δ| ≤ 2·sqrt(SE_a² + SE_b²),
-    each SE the Bernoulli bound of ``Cell.item_se``: on 64 items a 3 % exact has SE ≈ 2.2
-    points, so one seed's 1–2 items of difference prove nothing either way.
-    """
-    if (p := paired_cells(a, b)) is not None:
-        return _noise(a.mean, b.mean, p.noise, "points", p.counts())
-    se_a, se_b = a.item_se, b.item_se
-    if se_a is None or se_b is None:
-        return False, ""
-    return _noise(a.mean, b.mean, math.hypot(se_a, se_b), "points",
-                  f"{a.items} and {b.items} graded items")
-
-
-def _noise(a: float, b: float, se: float, unit: str, counts: str) -> tuple[bool, str]:
-    """Whether a − b is within 2 ``se`` (the standard error of the difference), and a
-    clause saying so."""
-    two_se = 2.0 * se
-    diff, f = abs(a - b), (".2f" if unit == "points" else ".3f")
-    size = f"{diff:{f}}" + (f" {unit}" if unit else "")
-    if diff == 0:
-        return True, f"no difference at all, over {counts}"
-    if diff > two_se:
-        return False, f"the difference, {size}, exceeds 2 SE ({two_se:{f}})"
-    return True, f"the difference, {size}, is within 2 SE ({two_se:{f}}) of {counts}"
-
-
-def _claim(text: str, holds: bool | None, detail: str, noise: bool = False,
-           verdict: str | None = None) -> str:
-    """One line: the claim, its verdict in bold (``verdict`` overrides the holds/noise one),
-    then why."""
-    if verdict is None:
-        verdict = "cannot be checked (runs missing)" if holds is None else (
-            "holds here" if holds else "does NOT hold here")
-        if holds is not None and noise:
-            verdict += ", but within noise"
-    return f"- {text}: **{verdict}**{' — ' + detail if detail else ''}."
-
-
-def _seeds(seeds: Iterable[int]) -> str:
-    seeds = sorted(seeds)
-    return f"seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}"
-
-
-def _versus(ours: Cell, other: Cell, name: str) -> tuple[bool, bool, str] | None:
-    """Ours against one rival on the seeds both have: (ahead, within noise, clause), or None
-    when they share no seed."""
-    common = ours.seeds & other.seeds
-    if not common:
-        return None
-    a, b = ours.on(common), other.on(common)
-    noise, why = within_noise(a, b)
-    return a.mean > b.mean, noise, (f"vs {name} ({_seeds(common)}): {a.mean:.2f} vs "
-                                    f"{b.mean:.2f}" + (f"; {why}" if why else ""))
-
-
 def beats_claim(text: str, ours: Cell, base: Cell, base_name: str, control: Cell) -> str:
     """"Ours beats ``base``", stated against ``base`` and against Ours' shuffled-experts
     control on the same seeds: it holds only if Ours clears both."""
-    vs_base = _versus(ours, base, base_name)
+    vs_base = versus(ours, base, base_name)
     if vs_base is None:
-        return _claim(text, None, "")
+        return claim_line(text, None, "")
     ahead, noise, clause = vs_base
-    vs_ctl = _versus(ours, control, "shuffled experts")
+    vs_ctl = versus(ours, control, "shuffled experts")
     if vs_ctl is None:
-        return _claim(text, ahead, f"{clause}; no shuffled-experts run on Ours' seeds",
-                      noise, NO_CONTROL if ahead else None)
+        return claim_line(text, ahead, f"{clause}; no shuffled-experts run on Ours' seeds",
+                          noise, NO_CONTROL if ahead else None)
     c_ahead, c_noise, c_clause = vs_ctl
     verdict = None  # within noise of the baseline already is no finding; else the control
     if ahead and not noise and c_noise:
@@ -155,7 +101,7 @@ def beats_claim(text: str, ours: Cell, base: Cell, base_name: str, control: Cell
         verdict = "does not clear its control"
     elif noise and not c_ahead and not c_noise:  # the control wins: worth saying even here
         verdict = f"within noise of {base_name}, and behind its control beyond noise"
-    return _claim(text, ahead, f"{clause}; {c_clause}", noise, verdict)
+    return claim_line(text, ahead, f"{clause}; {c_clause}", noise, verdict)
 
 
 def routing_claim(runs: list[Run], task: str, latents: int, what: str, attr: str, sign: int,
@@ -172,26 +118,27 @@ def routing_claim(runs: list[Run], task: str, latents: int, what: str, attr: str
 
     ours, ctl = values(DEFAULT_TEAM["method"]), values(ROUTING_CONTROL)
     if not ours:
-        return _claim(text, None, "")
+        return claim_line(text, None, "")
     seeds = sorted(ours.keys() & ctl.keys())
     if not seeds:
         o = float(np.mean(list(ours.values())))
-        return _claim(text, None, f"{o:+.3f} in Ours ({_seeds(ours)}); no shuffled-reward run "
-                      "on those seeds (or none where it is defined)", verdict=NO_CONTROL)
+        return claim_line(text, None, f"{o:+.3f} in Ours ({seeds_text(ours)}); no "
+                          "shuffled-reward run on those seeds (or none where it is defined)",
+                          verdict=NO_CONTROL)
     (o, sd_o), (c, sd_c) = mean_std([ours[s] for s in seeds]), mean_std([ctl[s] for s in seeds])
-    detail = phrase.format(o=o, c=c) + f" ({_seeds(seeds)})"
+    detail = phrase.format(o=o, c=c) + f" ({seeds_text(seeds)})"
     if sd_o is None or sd_c is None:
-        return _claim(text, None, f"{detail}; with 1 seed the SE is unknown",
-                      verdict="no verdict: 1 seed")
+        return claim_line(text, None, f"{detail}; with 1 seed the SE is unknown",
+                          verdict="no verdict: 1 seed")
     n = len(seeds)
-    noise, why = _noise(sign * o, sign * c, math.hypot(sd_o, sd_c) / math.sqrt(n), "",
-                        f"{n} seeds")
+    noise, why = two_se_clause(sign * o, sign * c, math.hypot(sd_o, sd_c) / math.sqrt(n), "",
+                               f"{n} seeds")
     verdict = None
     if sign * o > 0 and noise:
         verdict = "within noise of its control: not evidence"
     elif sign * o > 0 and sign * o < sign * c:
         verdict = "does not clear its control"
-    return _claim(text, sign * o > 0, f"{detail}; {why}", verdict=verdict)
+    return claim_line(text, sign * o > 0, f"{detail}; {why}", verdict=verdict)
 
 
 
@@ -218,7 +165,7 @@ def learns_claim(runs: list[Run], task: str) -> str | None:
            "untrained policy's"
     base = cell(runs, task=task, method="untrained")
     if not base.values:
-        return _claim(text, None, "no untrained run", verdict=NO_CONTROL)
+        return claim_line(text, None, "no untrained run", verdict=NO_CONTROL)
     u = base.mean
     clears, parts = [], []
     for r in sorted(single.graded, key=lambda r: r.seed):
@@ -233,17 +180,42 @@ def learns_claim(runs: list[Run], task: str) -> str | None:
     if ahead and not all(clears):
         verdict = (f"holds on {sum(clears)} of {len(clears)} seeds only: within noise"
                    if any(clears) else "within noise: not evidence")
-    return _claim(text, ahead, detail, verdict=verdict)
+    return claim_line(text, ahead, detail, verdict=verdict)
+
+
+def reward_claim(runs: list[Run], task: str, latents: int) -> str | None:
+    """"Reward, not the updates themselves, raises Ours": Ours (default team) against its
+    shuffled-reward control on the same seeds, which takes as many updates on the same items
+    with each batch's rewards permuted. Training can raise exact without reward (shorter
+    answers that stop truncating, a format the scorer reads); where the control gets there
+    too, Ours' exact is no evidence of RL. None when the task has no graded Ours run."""
+    key = dict(task=task, pooling=DEFAULT_POOLING, latents=latents)
+    ours = cell(runs, **key, **DEFAULT_TEAM)
+    if not ours.graded:
+        return None
+    text = (f"the reward: on {TASK_TITLES[task]}, Ours (Default Team) beats its "
+            "shuffled-reward control (as many updates, rewards permuted within each batch)")
+    rival = versus(ours, cell(runs, **key, **{**DEFAULT_TEAM, "method": ROUTING_CONTROL}),
+                   "shuffled reward")
+    if rival is None:
+        return claim_line(text, None, "no shuffled-reward run on Ours' seeds",
+                          verdict=NO_CONTROL)
+    ahead, noise, clause = rival
+    verdict = ("within noise: the updates, not the reward, account for Ours' exact"
+               if ahead and noise else None)
+    return claim_line(text, ahead, clause, noise, verdict)
 
 
 def paper_claims(runs: list[Run], latents: int, families: set[str] | None = None
                  ) -> list[str]:
     """The paper's qualitative findings, each tested on our runs (exact, in %), after the
-    regime check (does Single learn at all?) on every task with a Single run. ``families``:
-    the task families the grid runs at all (None: any), so that a claim about a family it
-    leaves out says so instead of waiting for runs that will never come."""
+    regime check (does Single learn at all?) on every task with a Single run and the reward
+    check (does reward, not the updates, raise Ours?) on every task with an Ours run.
+    ``families``: the task families the grid runs at all (None: any), so that a claim about a
+    family it leaves out says so instead of waiting for runs that will never come."""
     key = dict(pooling=DEFAULT_POOLING, latents=latents)
     out = [c for t in TASKS if (c := learns_claim(runs, t)) is not None]
+    out += [c for t in TASKS if (c := reward_claim(runs, t, latents)) is not None]
     single = methods.get("single").label
     # the paper's claim is Arithmetic's; every other family where Ours ran is checked too
     for task in [t for t in TASKS if t == "arithmetic" or select(runs, task=t, **key,
@@ -265,14 +237,14 @@ def paper_claims(runs: list[Run], latents: int, families: set[str] | None = None
         noise, why = within_noise(logic[best], logic[rival]) if rival else (False, "")
         detail = f"best is {best} ({logic[best].mean:.2f})" + (
             f", then {rival} ({logic[rival].mean:.2f}); {why}" if why else "")
-        out.append(_claim("§4.2: on Logic, Single is the best method", best == single,
-                          detail, noise))
+        out.append(claim_line("§4.2: on Logic, Single is the best method", best == single,
+                              detail, noise))
     elif families is not None and "logic" not in families:
-        out.append(_claim("§4.2: on Logic, Single is the best method", None, "this grid runs "
-                          + ", ".join(TASK_TITLES.get(f, f) for f in sorted(families)),
-                          verdict="not in this grid"))
+        out.append(claim_line("§4.2: on Logic, Single is the best method", None, "this grid runs "
+                              + ", ".join(TASK_TITLES.get(f, f) for f in sorted(families)),
+                              verdict="not in this grid"))
     else:
-        out.append(_claim("§4.2: on Logic, Single is the best method", None, ""))
+        out.append(claim_line("§4.2: on Logic, Single is the best method", None, ""))
     tasks = [t for t in TASKS if select(runs, task=t, **key, **DEFAULT_TEAM)] or ["arithmetic"]
     for task in tasks:
         out += [routing_claim(runs, task, latents, *claim) for claim in ROUTING_CLAIMS]
@@ -285,15 +257,15 @@ def paper_claims(runs: list[Run], latents: int, families: set[str] | None = None
         stds = [c.std for c in (first, last) if c.std is not None]
         tol = max(stds, default=0.0)
         noise, why = within_noise(first, last)
-        out.append(_claim("§4.4: first-token pooling is comparable to last-token pooling",
-                          abs(first.mean - last.mean) <= tol or noise,
-                          f"{first.mean:.2f} vs {last.mean:.2f}"
-                          + (f", seed std {tol:.2f}" if stds else "")
-                          + (f"; {why}" if why else ""),
-                          noise and abs(first.mean - last.mean) > tol))
+        out.append(claim_line("§4.4: first-token pooling is comparable to last-token pooling",
+                              abs(first.mean - last.mean) <= tol or noise,
+                              f"{first.mean:.2f} vs {last.mean:.2f}"
+                              + (f", seed std {tol:.2f}" if stds else "")
+                              + (f"; {why}" if why else ""),
+                              noise and abs(first.mean - last.mean) > tol))
     else:
-        out.append(_claim("§4.4: first-token pooling is comparable to last-token pooling",
-                          None, ""))
+        out.append(claim_line("§4.4: first-token pooling is comparable to last-token pooling",
+                              None, ""))
     sampled = [t for t in TASKS if any(_sampled_steps(r) for r in select(
         runs, task=t, **key, **DEFAULT_TEAM))]
     for task in sampled or experiment.PARTS["figure5"].values("task"):
@@ -308,17 +280,17 @@ def paper_claims(runs: list[Run], latents: int, families: set[str] | None = None
             # each sampled step draws prompts x G completions both ways, over every seed
             n = sum(_sampled_steps(r) * _completions_per_step(r) for r in rs)
             se = math.hypot(bernoulli_se(a, n), bernoulli_se(b, n)) if n else 0.0
-            noise, why = _noise(a, b, se, "reward", f"{n} completions each way") if n else (
+            noise, why = two_se_clause(a, b, se, "reward", f"{n} completions each way") if n else (
                 False, "")
             detail = f"{a:.3f} vs {b:.3f}" + (f"; {why}" if why else "")
         # no control samples without C while it trains (that would change its training
         # settings), so this one is uncontrolled; the held-out claim after it is not
         if ok:
             detail += "; no control run samples without C: the held-out claim below has one"
-        out.append(_claim(f"§4.4 / Figure 5: on {TASK_TITLES[task]}, reward with C exceeds "
-                          "reward without C (mean over the steps sampled both ways)",
-                          a > b if ok else None, detail, noise,
-                          NO_CONTROL if ok and a > b else None))
+        out.append(claim_line(f"§4.4 / Figure 5: on {TASK_TITLES[task]}, reward with C exceeds "
+                              "reward without C (mean over the steps sampled both ways)",
+                              a > b if ok else None, detail, noise,
+                              NO_CONTROL if ok and a > b else None))
         control = [r for r in select(runs, task=task, **key,
                                      **{**DEFAULT_TEAM, "method": EXACT_CONTROL})
                    if r.status == "done"]
@@ -339,8 +311,8 @@ def paper_claims(runs: list[Run], latents: int, families: set[str] | None = None
         noise, why = within_noise(accs[peaks[0]], rival) if rival is not None else (False, "")
         detail = f"peak at m = {', '.join(map(str, peaks))} ({best:.2f}%)" + (
             f"; {why} against {against}{rival.mean:.2f}%" if why else "")
-    out.append(_claim("§4.4 / Figure 6: exact on Arithmetic peaks at m = 8 (paper: accuracy)",
-                      None if best is None else peaks == [8], detail, noise))
+    out.append(claim_line("§4.4 / Figure 6: exact on Arithmetic peaks at m = 8 (paper: accuracy)",
+                          None if best is None else peaks == [8], detail, noise))
     return out
 
 
@@ -355,14 +327,14 @@ def _paired_claim(task: str, runs: list[Run], control: list[Run]) -> str:
             "in the shuffled-experts control")
     p = paired_context(runs)
     if p is None:
-        return _claim(text, None, "")
-    noise, why = _noise(p.a, p.b, p.noise, "points", p.counts())
+        return claim_line(text, None, "")
+    noise, why = two_se_clause(p.a, p.b, p.noise, "points", p.counts())
     detail = f"Ours {p.a:.2f} with C vs {p.b:.2f} without; {why}"
     g = paired_context_gain(runs, control)
     if g is None:
-        return _claim(text, p.diff > 0, f"{detail}; no shuffled-experts run evaluated without "
-                      "C on Ours' seeds", noise, NO_CONTROL if p.diff > 0 else None)
-    g_noise, g_why = _noise(g.a, g.b, g.noise, "points", g.counts())
+        return claim_line(text, p.diff > 0, f"{detail}; no shuffled-experts run evaluated without "
+                          "C on Ours' seeds", noise, NO_CONTROL if p.diff > 0 else None)
+    g_noise, g_why = two_se_clause(g.a, g.b, g.noise, "points", g.counts())
     detail += (f"; C's gain {g.a:+.2f} in Ours vs {g.b:+.2f} in the control "
                f"({g.runs} seed{'s' * (g.runs > 1)}): {g_why}")
     verdict = None  # within noise without C already is no finding; else the control
@@ -370,7 +342,7 @@ def _paired_claim(task: str, runs: list[Run], control: list[Run]) -> str:
         verdict = "does not clear its control: within noise of it, not evidence"
     elif p.diff > 0 and not noise and g.diff <= 0:
         verdict = "does not clear its control"
-    return _claim(text, p.diff > 0, detail, noise, verdict)
+    return claim_line(text, p.diff > 0, detail, noise, verdict)
 
 
 def cell_comparisons(runs: list[Run], latents: int) -> list[str]:

@@ -1,0 +1,73 @@
+"""How a verdict is stated: whether a difference clears 2 standard errors of its noise, and
+the one line a claim prints. Shared by every claim (musketeers.reports.claims) so that "within
+noise" means one thing throughout the report."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from musketeers.reports.aggregate import Cell
+from musketeers.reports.paired import paired_cells
+
+NO_CONTROL = "no control run: not evidence"
+
+
+def within_noise(a: Cell, b: Cell) -> tuple[bool, str]:
+    """Whether two cells differ by no more than their noise, and a clause saying by how much.
+
+    Where both cells' runs kept their graded completions, the two are compared item by item
+    on the same seeds (musketeers.reports.paired): |Δ| ≤ 2 SE of the paired difference, or of
+    the per-seed differences where that is larger. Otherwise |Δ| ≤ 2·sqrt(SE_a² + SE_b²),
+    each SE the Bernoulli bound of ``Cell.item_se``: on 64 items a 3 % exact has SE ≈ 2.2
+    points, so one seed's 1–2 items of difference prove nothing either way.
+    """
+    if (p := paired_cells(a, b)) is not None:
+        return two_se_clause(a.mean, b.mean, p.noise, "points", p.counts())
+    se_a, se_b = a.item_se, b.item_se
+    if se_a is None or se_b is None:
+        return False, ""
+    return two_se_clause(a.mean, b.mean, math.hypot(se_a, se_b), "points",
+                  f"{a.items} and {b.items} graded items")
+
+
+def two_se_clause(a: float, b: float, se: float, unit: str, counts: str) -> tuple[bool, str]:
+    """Whether a − b is within 2 ``se`` (the standard error of the difference), and a
+    clause saying so."""
+    two_se = 2.0 * se
+    diff, f = abs(a - b), (".2f" if unit == "points" else ".3f")
+    size = f"{diff:{f}}" + (f" {unit}" if unit else "")
+    if diff == 0:
+        return True, f"no difference at all, over {counts}"
+    if diff > two_se:
+        return False, f"the difference, {size}, exceeds 2 SE ({two_se:{f}})"
+    return True, f"the difference, {size}, is within 2 SE ({two_se:{f}}) of {counts}"
+
+
+def claim_line(text: str, holds: bool | None, detail: str, noise: bool = False,
+           verdict: str | None = None) -> str:
+    """One line: the claim, its verdict in bold (``verdict`` overrides the holds/noise one),
+    then why."""
+    if verdict is None:
+        verdict = "cannot be checked (runs missing)" if holds is None else (
+            "holds here" if holds else "does NOT hold here")
+        if holds is not None and noise:
+            verdict += ", but within noise"
+    return f"- {text}: **{verdict}**{' — ' + detail if detail else ''}."
+
+
+def seeds_text(seeds: Iterable[int]) -> str:
+    seeds = sorted(seeds)
+    return f"seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}"
+
+
+def versus(ours: Cell, other: Cell, name: str) -> tuple[bool, bool, str] | None:
+    """Ours against one rival on the seeds both have: (ahead, within noise, clause), or None
+    when they share no seed."""
+    common = ours.seeds & other.seeds
+    if not common:
+        return None
+    a, b = ours.on(common), other.on(common)
+    noise, why = within_noise(a, b)
+    return a.mean > b.mean, noise, (f"vs {name} ({seeds_text(common)}): {a.mean:.2f} vs "
+                                    f"{b.mean:.2f}" + (f"; {why}" if why else ""))
