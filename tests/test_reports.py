@@ -840,6 +840,30 @@ def test_the_regime_claim_needs_every_single_seed_beyond_2_se_of_the_untrained_p
     assert learns_claim(agg.load_runs(tmp_path), "logic") is None
 
 
+def test_the_regime_claim_must_also_clear_the_shuffled_reward_control_on_its_seeds(
+        tmp_path: Path):
+    """Updates without reward can raise exact as much as Single's (algorithmic's shuffled-reward
+    run at seed 0 did, by shorter answers): then the regime's gain is no evidence of reward."""
+    from musketeers.reports.claims import learns_claim
+
+    write_run(tmp_path, "u", 0.17, n=400, seed=0, method="untrained", task="arithmetic")
+    write_run(tmp_path, "s0", 0.37, n=400, seed=0, method="single", task="arithmetic")
+    ctl = write_run(tmp_path, "ctl", 0.15, n=400, seed=0,
+                    **{**KEY, "method": "shuffled_reward"})
+    text = learns_claim(agg.load_runs(tmp_path), "arithmetic", 8)
+    assert "**holds here**" in text and "vs Ours' shuffled-reward control (seed 0): " \
+        "37.00 vs 15.00" in text
+    # broken on purpose: the control learns as much as Single
+    (ctl / "eval.json").write_text(json.dumps({"exact": 0.365, "score": 0.365, "n": 400}))
+    text = learns_claim(agg.load_runs(tmp_path), "arithmetic", 8)
+    assert "**above the untrained policy, but not beyond Ours' shuffled-reward control" in text
+    # a control on another seed says nothing of Single's
+    shutil.rmtree(ctl)
+    write_run(tmp_path, "ctl1", 0.365, n=400, seed=1, **{**KEY, "method": "shuffled_reward"})
+    text = learns_claim(agg.load_runs(tmp_path), "arithmetic", 8)
+    assert "**holds here**" in text and "shuffled-reward" not in text
+
+
 def test_the_reward_claim_holds_only_where_ours_clears_its_shuffled_reward_control(
         tmp_path: Path):
     """Updates without reward can raise exact too (shorter answers): Ours' exact is evidence

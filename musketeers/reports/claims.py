@@ -152,12 +152,15 @@ def _completions_per_step(run: Run) -> int:
         c.get("group_size") or 0)
 
 
-def learns_claim(runs: list[Run], task: str) -> str | None:
+def learns_claim(runs: list[Run], task: str, latents: int = 8) -> str | None:
     """"Training teaches Single something" on ``task``: every seed of Single's exact above the
     untrained policy's by more than 2 SE (the two evaluations' Bernoulli bounds). The regime
     check behind every other claim: where Single learns nothing, no method can be told apart.
     Greedy evaluation of the untrained policy does not depend on the seed, so one untrained
-    run serves every seed. None when the task has no Single run."""
+    run serves every seed. Where Ours' shuffled-reward control ran on Single's seeds, Single
+    must also beat it: that run takes as many updates on the same items with its rewards
+    permuted, so what it gains is what updates without reward gain (it reads C and Single does
+    not; the grid runs no Single with shuffled rewards). None when the task has no Single run."""
     single = cell(runs, task=task, method="single")
     if not single.graded:
         return None
@@ -180,6 +183,14 @@ def learns_claim(runs: list[Run], task: str) -> str | None:
     if ahead and not all(clears):
         verdict = (f"holds on {sum(clears)} of {len(clears)} seeds only: within noise"
                    if any(clears) else "within noise: not evidence")
+    control = cell(runs, task=task, pooling=DEFAULT_POOLING, latents=latents,
+                   **{**DEFAULT_TEAM, "method": ROUTING_CONTROL})
+    if (rival := versus(single, control, "Ours' shuffled-reward control")) is not None:
+        beats, noise, clause = rival
+        detail += f"; {clause}"
+        if verdict is None and ahead and (noise or not beats):
+            verdict = ("above the untrained policy, but not beyond Ours' shuffled-reward "
+                       "control: updates without reward gain as much")
     return claim_line(text, ahead, detail, verdict=verdict)
 
 
@@ -214,7 +225,7 @@ def paper_claims(runs: list[Run], latents: int, families: set[str] | None = None
     ``families``: the task families the grid runs at all (None: any), so that a claim about a
     family it leaves out says so instead of waiting for runs that will never come."""
     key = dict(pooling=DEFAULT_POOLING, latents=latents)
-    out = [c for t in TASKS if (c := learns_claim(runs, t)) is not None]
+    out = [c for t in TASKS if (c := learns_claim(runs, t, latents)) is not None]
     out += [c for t in TASKS if (c := reward_claim(runs, t, latents)) is not None]
     single = methods.get("single").label
     # the paper's claim is Arithmetic's; every other family where Ours ran is checked too
