@@ -712,12 +712,13 @@ def test_the_accuracy_claim_for_ours_must_clear_its_shuffled_experts_control(tmp
     assert "**does NOT hold here**" in _accuracy_claim(tmp_path / "below", 0.2, 0.3, None)
 
 
-def _routing_claims(root: Path, ours: list[tuple], control: list[tuple]) -> dict[str, str]:
+def _routing_claims(root: Path, ours: list[tuple], control: list[tuple],
+                    control_rewards: tuple = (0.1, 0.2, 0.3)) -> dict[str, str]:
     """§4.3 claims on Arithmetic from runs whose entropy series are given per seed."""
     for seed, entropy in enumerate(ours):
         write_run(root, f"ours{seed}", 0.5, entropy=entropy, seed=seed, **KEY)
     for seed, entropy in enumerate(control):
-        write_run(root, f"ctl{seed}", 0.5, entropy=entropy, seed=seed,
+        write_run(root, f"ctl{seed}", 0.5, entropy=entropy, seed=seed, rewards=control_rewards,
                   **{**KEY, "method": "shuffled_reward"})
     claims = [c for c in paper_claims(agg.load_runs(root), 8) if "§4.3: on Arithmetic" in c]
     assert len(claims) == 3
@@ -742,9 +743,29 @@ def test_routing_verdicts_are_stated_against_the_shuffled_reward_control(tmp_pat
     alone = _routing_claims(tmp_path / "alone", falls, [])
     for claim in alone.values():
         assert "**no control run: not evidence**" in claim
-    # utilisation concentrates by 0.2 in every write_run run; ρ = −1 in all of them
+    # utilisation concentrates by 0.2 in every write_run run
     assert "**within noise of its control: not evidence**" in flat["utilisation concentrates"]
-    assert "mean ρ(reward, H) = -1.00 in Ours" in flat["correlate negatively"]
+    # ρ against the control's entropy: seed 0's flat entropy defines none, so one seed is left
+    assert "**no verdict: 1 seed**" in flat["correlate negatively"]
+    assert "mean ρ(reward, H) = -1.00 in Ours and -1.00 with the control's entropy" in \
+        flat["correlate negatively"]
+
+
+def test_the_spearman_claim_swaps_in_the_controls_entropy_against_ours_own_reward(
+        tmp_path: Path):
+    """ρ(reward, H) over steps can come from which items each step drew (the control draws
+    the same ones): Ours' ρ is evidence only beyond the same reward against the control's
+    entropy. The control's ρ with its own reward does not enter: here it is +1 throughout."""
+    falls = [(1.0, 0.8, 0.5), (1.0, 0.7, 0.4)]
+    # the control's routing ran the other way on the same steps: the correlation is Ours'
+    rises = [(0.5, 0.8, 1.0), (0.4, 0.7, 1.0)]
+    claim = _routing_claims(tmp_path / "rises", falls, rises, control_rewards=(0.3, 0.2, 0.1))
+    text = claim["correlate negatively"]
+    assert "**holds here**" in text and "-1.00 in Ours and +1.00 with the control's" in text
+    # broken on purpose: the control's entropy follows the same steps as Ours' (the items'
+    # doing), and its own reward does not track it at all: no evidence about reward
+    same = _routing_claims(tmp_path / "same", falls, falls, control_rewards=(0.3, 0.2, 0.1))
+    assert "**within noise of its control: not evidence**" in same["correlate negatively"]
 
 
 def test_routing_changes_come_from_the_summary_when_it_has_them(tmp_path: Path):

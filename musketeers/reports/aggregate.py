@@ -325,11 +325,19 @@ def cell(runs: list[Run], metric: str = "exact", **key: Any) -> Cell:
     return Cell(select(runs, **key), metric)
 
 
-def spearman_reward_entropy(metrics: list[dict[str, Any]]) -> float | None:
+def spearman_reward_entropy(metrics: list[dict[str, Any]],
+                            entropy_from: list[dict[str, Any]] | None = None) -> float | None:
     """Spearman ρ between a run's reward and routing-entropy series (paper §4.3), by the
-    trainer's own rule (``routing.spearman``); None where it is undefined."""
-    pairs = [(m["reward_mean"], m["entropy"]) for m in metrics
-             if m.get("entropy") is not None and m.get("reward_mean") is not None]
+    trainer's own rule (``routing.spearman``); None where it is undefined. ``entropy_from``:
+    another run's metrics to take the entropy from, step by step (§4.3's control: the same
+    reward against a routing that reward did not shape)."""
+    if entropy_from is None:
+        pairs = [(m["reward_mean"], m["entropy"]) for m in metrics
+                 if m.get("entropy") is not None and m.get("reward_mean") is not None]
+    else:
+        h = {m.get("step"): m.get("entropy") for m in entropy_from}
+        pairs = [(m["reward_mean"], h[m.get("step")]) for m in metrics
+                 if h.get(m.get("step")) is not None and m.get("reward_mean") is not None]
     if not pairs:
         return None
     r, h = zip(*pairs, strict=True)

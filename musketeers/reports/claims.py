@@ -19,12 +19,12 @@ from musketeers.reports.aggregate import (
     Run,
     bernoulli_se,
     cell,
-    mean_std,
     select,
     series,
 )
 from musketeers.reports.figures import LATENTS
 from musketeers.reports.paired import paired_context, paired_context_gain
+from musketeers.reports.routing_claims import routing_claims
 from musketeers.reports.tables import (
     DEFAULT_POOLING,
     DEFAULT_TEAM,
@@ -39,24 +39,12 @@ from musketeers.reports.tables import (
 from musketeers.reports.verdicts import (
     NO_CONTROL,
     claim_line,
-    seeds_text,
     two_se_clause,
     versus,
     within_noise,
 )
 
-PAPER_SPEARMAN = -0.48
 FIGURE6_TASK = experiment.PARTS["figure6"].values("task")[0]
-# §4.3's routing claims, per run (aggregate.Run): (claim, Run attribute, the sign of "holds",
-# how to say the two means)
-ROUTING_CLAIMS: tuple[tuple[str, str, int, str], ...] = (
-    ("routing entropy falls over training", "entropy_drop", 1,
-     "entropy fell by {o:.3f} nats in Ours and by {c:.3f} under shuffled reward"),
-    ("expert utilisation concentrates over training", "concentration", 1,
-     "max_i u_i rose by {o:.3f} in Ours and by {c:.3f} under shuffled reward"),
-    (f"reward and routing entropy correlate negatively (paper: mean ρ = {PAPER_SPEARMAN})",
-     "spearman", -1, "mean ρ(reward, H) = {o:+.2f} in Ours and {c:+.2f} under shuffled reward"),
-)
 
 
 def routed(run: Run) -> bool:
@@ -102,44 +90,6 @@ def beats_claim(text: str, ours: Cell, base: Cell, base_name: str, control: Cell
     elif noise and not c_ahead and not c_noise:  # the control wins: worth saying even here
         verdict = f"within noise of {base_name}, and behind its control beyond noise"
     return claim_line(text, ahead, f"{clause}; {c_clause}", noise, verdict)
-
-
-def routing_claim(runs: list[Run], task: str, latents: int, what: str, attr: str, sign: int,
-                  phrase: str) -> str:
-    """One §4.3 claim on ``task`` for Ours' default team, against its shuffled-reward control
-    on the same seeds; the noise is the spread over those seeds (SE = std / √n)."""
-    text = f"§4.3: on {TASK_TITLES[task]}, {what}; Ours (default team) vs shuffled reward"
-
-    def values(method: str) -> dict[int, float]:
-        key = {**DEFAULT_TEAM, "method": method}
-        return {r.seed: v for r in select(runs, task=task, pooling=DEFAULT_POOLING,
-                                          latents=latents, **key)
-                if r.status == "done" and (v := getattr(r, attr)) is not None}
-
-    ours, ctl = values(DEFAULT_TEAM["method"]), values(ROUTING_CONTROL)
-    if not ours:
-        return claim_line(text, None, "")
-    seeds = sorted(ours.keys() & ctl.keys())
-    if not seeds:
-        o = float(np.mean(list(ours.values())))
-        return claim_line(text, None, f"{o:+.3f} in Ours ({seeds_text(ours)}); no "
-                          "shuffled-reward run on those seeds (or none where it is defined)",
-                          verdict=NO_CONTROL)
-    (o, sd_o), (c, sd_c) = mean_std([ours[s] for s in seeds]), mean_std([ctl[s] for s in seeds])
-    detail = phrase.format(o=o, c=c) + f" ({seeds_text(seeds)})"
-    if sd_o is None or sd_c is None:
-        return claim_line(text, None, f"{detail}; with 1 seed the SE is unknown",
-                          verdict="no verdict: 1 seed")
-    n = len(seeds)
-    noise, why = two_se_clause(sign * o, sign * c, math.hypot(sd_o, sd_c) / math.sqrt(n), "",
-                               f"{n} seeds")
-    verdict = None
-    if sign * o > 0 and noise:
-        verdict = "within noise of its control: not evidence"
-    elif sign * o > 0 and sign * o < sign * c:
-        verdict = "does not clear its control"
-    return claim_line(text, sign * o > 0, f"{detail}; {why}", verdict=verdict)
-
 
 
 def _sampled_steps(run: Run) -> int:
@@ -258,7 +208,7 @@ def paper_claims(runs: list[Run], latents: int, families: set[str] | None = None
         out.append(claim_line("§4.2: on Logic, Single is the best method", None, ""))
     tasks = [t for t in TASKS if select(runs, task=t, **key, **DEFAULT_TEAM)] or ["arithmetic"]
     for task in tasks:
-        out += [routing_claim(runs, task, latents, *claim) for claim in ROUTING_CLAIMS]
+        out += routing_claims(runs, task, latents)
     t2 = {label: c for label, c, _ in table2_cells(runs, latents) if c.values}
     first, last = t2.get("First token (h^(L)_{i,0})"), t2.get("Last (ours, n=3)")
     if first and last:

@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 
 from musketeers.reports.aggregate import METRICS, Run, group_key, load_runs, mean_spearman
-from musketeers.reports.claims import PAPER_SPEARMAN, cell_comparisons, paper_claims, routed
+from musketeers.reports.claims import cell_comparisons, paper_claims, routed
 from musketeers.reports.figures import all_figures
 from musketeers.reports.grid import Grid, ignored
+from musketeers.reports.routing_claims import PAPER_SPEARMAN
 from musketeers.reports.tables import (
     DEFAULT_LATENTS,
     METRIC_TEXT,
