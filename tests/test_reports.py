@@ -898,7 +898,8 @@ def test_the_reward_claim_holds_only_where_ours_clears_its_shuffled_reward_contr
     # the control learns as much (as algorithmic's did at seed 0): no longer evidence
     (ctl / "eval.json").write_text(json.dumps({"exact": 0.555, "score": 0.555, "n": 400}))
     text = reward_claim(agg.load_runs(tmp_path), "arithmetic", 8)
-    assert "**within noise: the updates, not the reward, account for Ours' exact**" in text
+    assert ("**within noise: no evidence that the reward, not the updates, raised Ours' "
+            "exact**") in text
     shutil.rmtree(ctl)
     assert "**no control run: not evidence**" in reward_claim(agg.load_runs(tmp_path),
                                                               "arithmetic", 8)

@@ -140,7 +140,8 @@ def learns_claim(runs: list[Run], task: str, latents: int = 8) -> str | None:
         detail += f"; {clause}"
         if verdict is None and ahead and (noise or not beats):
             verdict = ("above the untrained policy, but not beyond Ours' shuffled-reward "
-                       "control: updates without reward gain as much")
+                       "control: updates without reward gain " + (
+                           "as much, within noise" if noise else "more"))
     return claim_line(text, ahead, detail, verdict=verdict)
 
 
@@ -162,7 +163,7 @@ def reward_claim(runs: list[Run], task: str, latents: int) -> str | None:
         return claim_line(text, None, "no shuffled-reward run on Ours' seeds",
                           verdict=NO_CONTROL)
     ahead, noise, clause = rival
-    verdict = ("within noise: the updates, not the reward, account for Ours' exact"
+    verdict = ("within noise: no evidence that the reward, not the updates, raised Ours' exact"
                if ahead and noise else None)
     return claim_line(text, ahead, clause, noise, verdict)
 
