@@ -332,12 +332,12 @@ def spearman_reward_entropy(metrics: list[dict[str, Any]],
     another run's metrics to take the entropy from, step by step (§4.3's control: the same
     reward against a routing that reward did not shape)."""
     if entropy_from is None:
-        pairs = [(m["reward_mean"], m["entropy"]) for m in metrics
-                 if m.get("entropy") is not None and m.get("reward_mean") is not None]
+        hs = [m.get("entropy") for m in metrics]
     else:
-        h = {m.get("step"): m.get("entropy") for m in entropy_from}
-        pairs = [(m["reward_mean"], h[m.get("step")]) for m in metrics
-                 if h.get(m.get("step")) is not None and m.get("reward_mean") is not None]
+        by_step = {m.get("step"): m.get("entropy") for m in entropy_from}
+        hs = [by_step.get(m.get("step")) for m in metrics]
+    pairs = [(m["reward_mean"], h) for m, h in zip(metrics, hs, strict=True)
+             if h is not None and m.get("reward_mean") is not None]
     if not pairs:
         return None
     r, h = zip(*pairs, strict=True)

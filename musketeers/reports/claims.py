@@ -26,6 +26,7 @@ from musketeers.reports.figures import LATENTS
 from musketeers.reports.paired import paired_context, paired_context_gain
 from musketeers.reports.routing_claims import routing_claims
 from musketeers.reports.tables import (
+    DEFAULT_LATENTS,
     DEFAULT_POOLING,
     DEFAULT_TEAM,
     EXACT_CONTROL,
@@ -102,7 +103,14 @@ def _completions_per_step(run: Run) -> int:
         c.get("group_size") or 0)
 
 
-def learns_claim(runs: list[Run], task: str, latents: int = 8) -> str | None:
+def reward_control(runs: list[Run], task: str, latents: int) -> Cell:
+    """Ours' (default team) shuffled-reward control on ``task``: the regime's and the
+    reward's control alike."""
+    return cell(runs, task=task, pooling=DEFAULT_POOLING, latents=latents,
+                **{**DEFAULT_TEAM, "method": ROUTING_CONTROL})
+
+
+def learns_claim(runs: list[Run], task: str, latents: int = DEFAULT_LATENTS) -> str | None:
     """"Training teaches Single something" on ``task``: every seed of Single's exact above the
     untrained policy's by more than 2 SE (the two evaluations' Bernoulli bounds). The regime
     check behind every other claim: where Single learns nothing, no method can be told apart.
@@ -133,9 +141,8 @@ def learns_claim(runs: list[Run], task: str, latents: int = 8) -> str | None:
     if ahead and not all(clears):
         verdict = (f"holds on {sum(clears)} of {len(clears)} seeds only: within noise"
                    if any(clears) else "within noise: not evidence")
-    control = cell(runs, task=task, pooling=DEFAULT_POOLING, latents=latents,
-                   **{**DEFAULT_TEAM, "method": ROUTING_CONTROL})
-    if (rival := versus(single, control, "Ours' shuffled-reward control")) is not None:
+    if (rival := versus(single, reward_control(runs, task, latents),
+                        "Ours' shuffled-reward control")) is not None:
         beats, noise, clause = rival
         detail += f"; {clause}"
         if verdict is None and ahead and (noise or not beats):
@@ -157,8 +164,7 @@ def reward_claim(runs: list[Run], task: str, latents: int) -> str | None:
         return None
     text = (f"the reward: on {TASK_TITLES[task]}, Ours (Default Team) beats its "
             "shuffled-reward control (as many updates, rewards permuted within each batch)")
-    rival = versus(ours, cell(runs, **key, **{**DEFAULT_TEAM, "method": ROUTING_CONTROL}),
-                   "shuffled reward")
+    rival = versus(ours, reward_control(runs, task, latents), "shuffled reward")
     if rival is None:
         return claim_line(text, None, "no shuffled-reward run on Ours' seeds",
                           verdict=NO_CONTROL)

@@ -28,7 +28,7 @@ def within_noise(a: Cell, b: Cell) -> tuple[bool, str]:
     if se_a is None or se_b is None:
         return False, ""
     return two_se_clause(a.mean, b.mean, math.hypot(se_a, se_b), "points",
-                  f"{a.items} and {b.items} graded items")
+                         f"{a.items} and {b.items} graded items")
 
 
 def two_se_clause(a: float, b: float, se: float, unit: str, counts: str) -> tuple[bool, str]:
@@ -45,7 +45,7 @@ def two_se_clause(a: float, b: float, se: float, unit: str, counts: str) -> tupl
 
 
 def claim_line(text: str, holds: bool | None, detail: str, noise: bool = False,
-           verdict: str | None = None) -> str:
+               verdict: str | None = None) -> str:
     """One line: the claim, its verdict in bold (``verdict`` overrides the holds/noise one),
     then why."""
     if verdict is None:
