@@ -48,7 +48,7 @@ from torch import Tensor
 from musketeers.cache.backbone import pad
 from musketeers.cache.prompts import generation_prompt_len, render_prompt
 from musketeers.config import CONTEXT_POSITIONS
-from musketeers.sampling import decode, token_logprobs
+from musketeers.sampling import CACHE_KW, decode, kv_cache, token_logprobs
 from musketeers.sharing import cache_rows, common_head, length_chunks
 
 # A forward's own cost, in tokens, when completions are split by length (length_chunks): on a
@@ -240,7 +240,7 @@ class Policy:
         pre, mask = self._shared_prefill(prompt_ids, context, group_size)
         out = decode(
             self.model, pre.logits[:, -1].repeat_interleave(group_size, dim=0),
-            pre.past_key_values, mask.repeat_interleave(group_size, dim=0),
+            kv_cache(pre), mask.repeat_interleave(group_size, dim=0),
             max_new_tokens=max_new_tokens, eos_ids=self.eos_ids, pad_id=self.pad_id,
             temperature=temperature, top_p=top_p, greedy=greedy, generator=generator)
         return [self._strip(row) for row in out.tolist()]
@@ -357,8 +357,8 @@ class Policy:
             nxt = self.model(inputs_embeds=self.model.get_input_embeddings()(ids),
                              attention_mask=torch.cat([pmask, cmask], dim=1),
                              position_ids=positions,
-                             past_key_values=cache_rows(out.past_key_values, src),
-                             use_cache=True, logits_to_keep=ids.shape[1])
+                             use_cache=True, logits_to_keep=ids.shape[1],
+                             **{CACHE_KW: cache_rows(kv_cache(out), src)})
             logits = torch.cat([first[src].unsqueeze(1), nxt.logits[:, :-1]], dim=1)
             logp = token_logprobs(logits, ids, temperature) * cmask
             pieces.append(torch.nn.functional.pad(logp, (0, t - ids.shape[1])))
@@ -383,17 +383,17 @@ class Policy:
         head = None
         if k:
             ids = torch.tensor([prompts[0][:k]], dtype=torch.long, device=self.device)
-            head = self.model(inputs_embeds=self.model.get_input_embeddings()(ids),
-                              use_cache=True).past_key_values
+            head = kv_cache(self.model(inputs_embeds=self.model.get_input_embeddings()(ids),
+                                       use_cache=True))
             head.batch_repeat_interleave(len(prompts))
             prompts = [p[k:] for p in prompts]
         inp = self.build_inputs(prompts, context)
         mask = torch.cat([inp.attention_mask.new_ones(len(prompts), k), inp.attention_mask], 1)
         out = self.model(inputs_embeds=inp.inputs_embeds, attention_mask=mask,
-                         position_ids=inp.position_ids + k, past_key_values=head,
-                         use_cache=True, logits_to_keep=1)
+                         position_ids=inp.position_ids + k, use_cache=True, logits_to_keep=1,
+                         **{CACHE_KW: head})
         if g > 1:
-            out.past_key_values.batch_repeat_interleave(g)
+            kv_cache(out).batch_repeat_interleave(g)
         return out, mask
 
     def _common_head(self, prompts: list[list[int]]) -> int:

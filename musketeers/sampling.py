@@ -14,6 +14,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 from transformers.cache_utils import DynamicLayer, StaticLayer
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+# transformers 5.2x renamed a forward's ``past_key_values`` (argument and output) to ``cache``:
+# the old name warns on every forward (a log line per decoded token) and goes in 5.40, and
+# the new one is unknown to the 5.x releases before it. Every KV-cache hand-off goes by this name.
+CACHE_KW = ("cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__
+            else "past_key_values")
+
+
+def kv_cache(out):
+    """The KV cache a forward returned, under the installed transformers' name for it."""
+    return getattr(out, CACHE_KW)
 
 
 def sample_tokens(
@@ -144,8 +156,7 @@ def decode(
             live, nxt, mask, position, done = (live[stay], nxt[stay], mask[stay],
                                                position[stay], done[stay])
         out = model(inputs_embeds=embed(nxt[:, None]), attention_mask=mask[:, : p + t + 1],
-                    position_ids=position + t, past_key_values=past_key_values,
-                    use_cache=True)
-        past_key_values = out.past_key_values
+                    position_ids=position + t, use_cache=True, **{CACHE_KW: past_key_values})
+        past_key_values = kv_cache(out)
         logits = out.logits[:, -1]
     return out_ids[:, :steps]

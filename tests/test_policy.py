@@ -394,3 +394,18 @@ def test_ended_rows_leave_the_batch_without_changing_any_row(arch, monkeypatch):
     assert len({len(r) for r in cut}) > 1  # rows of several lengths, cut after their eos
     for row in cut:
         assert all(t not in pol.eos_ids for t in row[:-1])
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_kv_cache_hand_offs_use_the_installed_transformers_name(arch):
+    """Sampling and the shared-prefix log-probs pass the KV cache under the name the installed
+    transformers takes: under the deprecated one it warns on every forward (a log line per
+    decoded token in a training log), and stops working when the name is removed."""
+    import warnings
+
+    pol = make_policy(arch)
+    p = pol.encode_prompts(PROMPTS)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*past_key_values.*")
+        out = pol.generate(p, ctx(pol), group_size=2, max_new_tokens=4)
+        pol.completion_logprobs(p, ctx(pol), out)

@@ -22,7 +22,7 @@ from musketeers.reports.grid import load_grid, run_grid, run_name, run_status
 from musketeers.reports.needs import grid_needs, missing, open_task_store
 from musketeers.reports.report import write_report
 from musketeers.reports.tables import TABLE1, TABLE2, TASK_TITLES, table1_markdown
-from musketeers.reports.verdicts import within_noise
+from musketeers.reports.verdicts import two_se_clause, within_noise
 
 IDENTITY = lambda fields: fields  # noqa: E731 - the fakes take the fields dict as config
 
@@ -726,13 +726,20 @@ def _routing_claims(root: Path, ours: list[tuple], control: list[tuple],
             for key in ("entropy falls", "utilisation concentrates", "correlate negatively")}
 
 
+def test_a_difference_of_thousandths_prints_the_digits_that_separate_it_from_its_2_se():
+    # at three decimals both would read 0.001, and "0.001 exceeds 2 SE (0.001)" says nothing
+    noise, why = two_se_clause(0.0012, 0.0003, 0.0004, "", "2 seeds")
+    assert not noise and why == "the difference, 0.00090, exceeds 2 SE (0.00080)"
+    assert two_se_clause(0.5, 0.3, 0.2, "", "2 seeds")[1].startswith("the difference, 0.200,")
+
+
 def test_routing_verdicts_are_stated_against_the_shuffled_reward_control(tmp_path: Path):
     falls = [(1.0, 0.8, 0.5), (1.0, 0.7, 0.4)]  # drops 0.5 and 0.6
     # entropy falls as much when the rewards carry no meaning: no evidence about reward
     same = _routing_claims(tmp_path / "same", falls, [(1.0, 0.7, 0.4), (1.0, 0.8, 0.5)])
     assert "**within noise of its control: not evidence**" in same["entropy falls"]
-    assert ("entropy fell by 0.550 nats in Ours and by 0.550 under shuffled reward "
-            "(seeds 0, 1)") in same["entropy falls"]
+    assert ("H at the start minus H at the end: +0.5500 nats in Ours, +0.5500 under shuffled "
+            "reward (seeds 0, 1)") in same["entropy falls"]
     flat = _routing_claims(tmp_path / "flat", falls, [(1.0, 1.0, 1.0), (1.0, 0.99, 0.98)])
     assert "**holds here**" in flat["entropy falls"] and "exceeds 2 SE" in flat["entropy falls"]
     # one seed: no SE, no verdict

@@ -15,12 +15,15 @@ from musketeers.reports.verdicts import NO_CONTROL, claim_line, seeds_text, two_
 
 PAPER_SPEARMAN = -0.48
 # the routing's change over training, per run (aggregate.Run): (claim, Run attribute, the sign
-# of "holds", how to say the two means)
+# of "holds", how to say the two means). Signed, with four decimals: at the pocket budget the
+# changes are thousandths of a nat, and "fell by -0.001" would read as a fall.
 CHANGE_CLAIMS: tuple[tuple[str, str, int, str], ...] = (
     ("routing entropy falls over training", "entropy_drop", 1,
-     "entropy fell by {o:.3f} nats in Ours and by {c:.3f} under shuffled reward"),
+     "H at the start minus H at the end: {o:+.4f} nats in Ours, {c:+.4f} under shuffled "
+     "reward"),
     ("expert utilisation concentrates over training", "concentration", 1,
-     "max_i u_i rose by {o:.3f} in Ours and by {c:.3f} under shuffled reward"),
+     "max_i u_i at the end minus at the start: {o:+.4f} in Ours, {c:+.4f} under shuffled "
+     "reward"),
 )
 
 

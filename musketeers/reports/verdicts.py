@@ -35,7 +35,9 @@ def two_se_clause(a: float, b: float, se: float, unit: str, counts: str) -> tupl
     """Whether a − b is within 2 ``se`` (the standard error of the difference), and a
     clause saying so."""
     two_se = 2.0 * se
-    diff, f = abs(a - b), (".2f" if unit == "points" else ".3f")
+    diff = abs(a - b)
+    # thousandths would print a difference and its 2 SE both as 0.001: show what tells them apart
+    f = ".2f" if unit == "points" else (".3f" if max(diff, two_se) >= 0.01 else ".5f")
     size = f"{diff:{f}}" + (f" {unit}" if unit else "")
     if diff == 0:
         return True, f"no difference at all, over {counts}"
