@@ -847,6 +847,25 @@ def test_table2_says_which_poolings_gave_every_item_the_same_vector(tmp_path: Pa
     assert "Same vector for every item" not in table2_markdown(agg.load_runs(tmp_path))
 
 
+def test_the_pooling_claim_compares_on_the_seeds_both_cells_ran_and_says_when_first_is_constant(
+        tmp_path: Path):
+    """Table 2's first-token cell runs on seed 0 only, Last (Table 1's Ours) on every seed: the
+    claim compares seed 0 with seed 0, and says when the first-token vectors were the same
+    for every item (the cell then carries no prompt information)."""
+    first = write_run(tmp_path, "first", 0.6, seed=0, **dict(KEY, pooling="first_token"))
+    (first / "inputs.json").write_text(json.dumps({"rows": 10, "constant_experts": ["qwen"]}))
+    for seed, acc in enumerate((0.5, 0.9, 0.9)):
+        write_run(tmp_path, f"last{seed}", acc, seed=seed, **KEY)
+
+    def claim() -> str:
+        return next(c for c in paper_claims(agg.load_runs(tmp_path), 8) if "first-token" in c)
+
+    assert "60.00 vs 50.00 (seed 0)" in claim()  # not against the 3-seed mean, 76.67
+    assert "same vector for qwen: that cell holds no prompt information" in claim()
+    (first / "inputs.json").unlink()
+    assert "same vector" not in claim()
+
+
 def test_the_regime_claim_needs_every_single_seed_beyond_2_se_of_the_untrained_policy(
         tmp_path: Path):
     from musketeers.reports.claims import learns_claim

@@ -40,6 +40,7 @@ from musketeers.reports.tables import (
 from musketeers.reports.verdicts import (
     NO_CONTROL,
     claim_line,
+    seeds_text,
     two_se_clause,
     versus,
     within_noise,
@@ -216,24 +217,7 @@ def paper_claims(runs: list[Run], latents: int, families: set[str] | None = None
     tasks = [t for t in TASKS if select(runs, task=t, **key, **DEFAULT_TEAM)] or ["arithmetic"]
     for task in tasks:
         out += routing_claims(runs, task, latents)
-    t2 = {label: c for label, c, _ in table2_cells(runs, latents) if c.values}
-    first, last = t2.get("First token (h^(L)_{i,0})"), t2.get("Last (ours, n=3)")
-    if first and last:
-        # comparable: within 1 std over seeds or within the evaluation's noise (one seed
-        # has no std, and 0 tolerance would call any one-item difference a disagreement);
-        # comparable only because noise hides the difference is flagged as such
-        stds = [c.std for c in (first, last) if c.std is not None]
-        tol = max(stds, default=0.0)
-        noise, why = within_noise(first, last)
-        out.append(claim_line("§4.4: first-token pooling is comparable to last-token pooling",
-                              abs(first.mean - last.mean) <= tol or noise,
-                              f"{first.mean:.2f} vs {last.mean:.2f}"
-                              + (f", seed std {tol:.2f}" if stds else "")
-                              + (f"; {why}" if why else ""),
-                              noise and abs(first.mean - last.mean) > tol))
-    else:
-        out.append(claim_line("§4.4: first-token pooling is comparable to last-token pooling",
-                              None, ""))
+    out.append(pooling_claim(runs, latents))
     sampled = [t for t in TASKS if any(_sampled_steps(r) for r in select(
         runs, task=t, **key, **DEFAULT_TEAM))]
     for task in sampled or experiment.PARTS["figure5"].values("task"):
@@ -333,3 +317,31 @@ def cell_comparisons(runs: list[Run], latents: int) -> list[str]:
         return ["- No cell has both our result and the paper's yet."]
     return ["| table | row | task | ours | paper | verdict |",
             "|---|---|---|---:|---:|---|", *rows]
+
+
+def pooling_claim(runs: list[Run], latents: int) -> str:
+    """§4.4: "first-token pooling is comparable to last-token pooling", on the seeds both cells
+    ran (Table 2's cells run on the first seed only; Last is Table 1's Ours over every seed).
+    Comparable: within 1 std over those seeds or within the evaluation's noise (one seed has
+    no std, and 0 tolerance would call any one-item difference a disagreement); comparable
+    only because noise hides the difference is flagged as such. Where first-token pooling
+    gave every item the same vector, the line says so: the cell then matches Last only as far
+    as Last's own vectors carry nothing beyond each expert's identity."""
+    text = "§4.4: first-token pooling is comparable to last-token pooling"
+    t2 = {label: c for label, c, _ in table2_cells(runs, latents) if c.values}
+    first, last = t2.get("First token (h^(L)_{i,0})"), t2.get("Last (ours, n=3)")
+    common = first.seeds & last.seeds if first and last else set()
+    if not common:
+        return claim_line(text, None, "")
+    first, last = first.on(common), last.on(common)
+    stds = [c.std for c in (first, last) if c.std is not None]
+    tol = max(stds, default=0.0)
+    noise, why = within_noise(first, last)
+    detail = (f"{first.mean:.2f} vs {last.mean:.2f} ({seeds_text(common)})"
+              + (f", seed std {tol:.2f}" if stds else "") + (f"; {why}" if why else ""))
+    if first.constant_experts:
+        detail += ("; first-token pooling gave every item the same vector for "
+                   f"{', '.join(first.constant_experts)}: that cell holds no prompt information")
+    return claim_line(text, abs(first.mean - last.mean) <= tol or noise, detail,
+                      noise and abs(first.mean - last.mean) > tol)
+
