@@ -866,6 +866,17 @@ def test_the_pooling_claim_compares_on_the_seeds_both_cells_ran_and_says_when_fi
     assert "same vector" not in claim()
 
 
+def test_the_latents_peak_is_read_on_the_seeds_every_m_ran(tmp_path: Path):
+    """Figure 6's m cells run on seed 0 only, m = 8 on every seed: the peak is read on seed 0,
+    where m = 4 beats m = 8 (60 vs 50), not against m = 8's three-seed mean (76.67)."""
+    write_run(tmp_path, "m4", 0.6, seed=0, **dict(KEY, latents=4))
+    for seed, acc in enumerate((0.5, 0.9, 0.9)):
+        write_run(tmp_path, f"m8s{seed}", acc, seed=seed, **KEY)
+    claim = next(c for c in paper_claims(agg.load_runs(tmp_path), 8) if "Figure 6" in c)
+    assert "**does NOT hold here" in claim and "peak at m = 4 (60.00%, seed 0)" in claim
+    assert "against m = 8's 50.00%" in claim
+
+
 def test_the_regime_claim_needs_every_single_seed_beyond_2_se_of_the_untrained_policy(
         tmp_path: Path):
     from musketeers.reports.claims import learns_claim
