@@ -1,6 +1,7 @@
 """The LoRA policy with context tokens: layout, reference, sampling and batched log-probs."""
 
 import importlib.util
+import warnings
 
 import pytest
 import torch
@@ -401,8 +402,6 @@ def test_kv_cache_hand_offs_use_the_installed_transformers_name(arch):
     """Sampling and the shared-prefix log-probs pass the KV cache under the name the installed
     transformers takes: under the deprecated one it warns on every forward (a log line per
     decoded token in a training log), and stops working when the name is removed."""
-    import warnings
-
     pol = make_policy(arch)
     p = pol.encode_prompts(PROMPTS)
     with warnings.catch_warnings():

@@ -352,4 +352,3 @@ def latents_claim(runs: list[Run]) -> str:
     detail = (f"peak at m = {', '.join(map(str, peaks))} ({best:.2f}%, {seeds_text(common)})"
               + (f"; {why} against {against}{rival.mean:.2f}%" if why else ""))
     return claim_line(text, peaks == [8], detail, noise)
-
