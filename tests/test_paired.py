@@ -106,3 +106,20 @@ def test_cells_pair_run_with_run_on_the_same_seed(tmp_path: Path):
     assert paired_cells(a, b) is None
     bound = 2 * (a.item_se**2 + b.item_se**2) ** 0.5
     assert f"2 SE ({bound:.2f})" in within_noise(a, b)[1] and bound > 3
+
+
+def test_a_one_seed_verdict_says_its_se_leaves_out_the_training_seeds(tmp_path: Path):
+    """A cell run on one seed (Table 2's, Figure 6's, the baselines') beats another by 20 of
+    400 items: beyond the items' 2 SE, and the clause says that SE has no seed spread in it."""
+    base = {f"i{k}": float(k < 120) for k in range(400)}
+    lift = {k: float(v or int(k[1:]) in range(120, 140)) for k, v in base.items()}
+    a = agg.Cell([_cell_run(tmp_path, "ours", 0, lift)])
+    b = agg.Cell([_cell_run(tmp_path, "base", 0, base)])
+    noise, why = within_noise(a, b)
+    assert not noise and why.startswith("the difference, 5.00 points, exceeds 2 SE (2.18) of "
+                                        "400 item pairs of one seed")
+    assert "one seed has no spread over training seeds" in why
+    # on two seeds the clause names the seeds' SE instead
+    two_a = agg.Cell([*a.runs, _cell_run(tmp_path, "ours1", 1, lift)])
+    two_b = agg.Cell([*b.runs, _cell_run(tmp_path, "base1", 1, base)])
+    assert "800 item pairs, 2 seeds (SE of their differences 0.00)" in within_noise(two_a, two_b)[1]

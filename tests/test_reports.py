@@ -729,7 +729,7 @@ def _routing_claims(root: Path, ours: list[tuple], control: list[tuple],
 def test_a_difference_of_thousandths_prints_the_digits_that_separate_it_from_its_2_se():
     # at three decimals both would read 0.001, and "0.001 exceeds 2 SE (0.001)" says nothing
     noise, why = two_se_clause(0.0012, 0.0003, 0.0004, "", "2 seeds")
-    assert not noise and why == "the difference, 0.00090, exceeds 2 SE (0.00080)"
+    assert not noise and why == "the difference, 0.00090, exceeds 2 SE (0.00080) of 2 seeds"
     assert two_se_clause(0.5, 0.3, 0.2, "", "2 seeds")[1].startswith("the difference, 0.200,")
 
 
@@ -875,6 +875,28 @@ def test_the_latents_peak_is_read_on_the_seeds_every_m_ran(tmp_path: Path):
     claim = next(c for c in paper_claims(agg.load_runs(tmp_path), 8) if "Figure 6" in c)
     assert "**does NOT hold here" in claim and "peak at m = 4 (60.00%, seed 0)" in claim
     assert "against m = 8's 50.00%" in claim
+
+
+def test_ours_meets_each_baseline_on_the_seeds_that_baseline_ran(tmp_path: Path):
+    """Table 1's baselines run on seed 0 only: Ours (default team) is read on seed 0 (not its
+    3-seed mean, nor the naive team's seed 0), and against its shuffled-experts control too."""
+    for seed, acc in enumerate((0.50, 0.90, 0.90)):
+        write_run(tmp_path, f"ours{seed}", acc, n=1000, seed=seed, **KEY)
+        write_run(tmp_path, f"ctl{seed}", 0.30, n=1000, seed=seed,
+                  **{**KEY, "method": "shuffled_experts"})
+    write_run(tmp_path, "naive0", 0.95, n=1000, seed=0, **{**KEY, "team": "naive"})
+    write_run(tmp_path, "hr0", 0.40, n=1000, seed=0, **{**KEY, "method": "hard_routing"})
+    write_run(tmp_path, "nca0", 0.60, n=1000, seed=0, **{**KEY, "method": "no_cross_attn"})
+    claims = paper_claims(agg.load_runs(tmp_path), 8)
+    hard = next(c for c in claims if c.startswith("- Table 1: on Arithmetic, Ours (Default "
+                                                  "Team) beats Hard Routing (paper: 75.26 vs "
+                                                  "32.47)"))
+    assert "**holds here**" in hard and "vs Hard Routing (seed 0): 50.00 vs 40.00" in hard
+    assert "vs shuffled experts (seeds 0, 1, 2): 76.67 vs 30.00" in hard
+    cross = next(c for c in claims if "beats Ours w/o Cross-Attn (n=3)" in c)
+    assert "**does NOT hold here**" in cross and "50.00 vs 60.00" in cross
+    # a family no baseline ran has no such claim
+    assert not any(c.startswith("- Table 1: on Algorithmic") for c in claims)
 
 
 def test_the_regime_claim_needs_every_single_seed_beyond_2_se_of_the_untrained_policy(

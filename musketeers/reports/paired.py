@@ -41,10 +41,13 @@ class Paired:
         return max(self.se, self.seed_se or 0.0)
 
     def counts(self) -> str:
-        """How the SE was found, for a verdict's clause."""
-        seeds = (f", {self.runs} seeds (SE of their differences {self.seed_se:.2f})"
-                 if self.seed_se is not None else "")
-        return f"{self.n} item pairs{seeds}, paired SE {self.se:.2f}"
+        """How the SE was found, for a verdict's clause. On one seed it says what the SE
+        leaves out: a second training seed can move a cell by more than its items' noise."""
+        if self.seed_se is None:
+            return (f"{self.n} item pairs of one seed, paired SE {self.se:.2f} (the items' noise "
+                    "only: one seed has no spread over training seeds)")
+        return (f"{self.n} item pairs, {self.runs} seeds (SE of their differences "
+                f"{self.seed_se:.2f}), paired SE {self.se:.2f}")
 
 
 def _by_item(path: Path, metric: str) -> dict[str, float]:

@@ -42,7 +42,7 @@ def two_se_clause(a: float, b: float, se: float, unit: str, counts: str) -> tupl
     if diff == 0:
         return True, f"no difference at all, over {counts}"
     if diff > two_se:
-        return False, f"the difference, {size}, exceeds 2 SE ({two_se:{f}})"
+        return False, f"the difference, {size}, exceeds 2 SE ({two_se:{f}}) of {counts}"
     return True, f"the difference, {size}, is within 2 SE ({two_se:{f}}) of {counts}"
 
 
