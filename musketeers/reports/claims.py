@@ -378,5 +378,5 @@ def latents_claim(runs: list[Run]) -> str:
         rival, against = accs.get(8), "m = 8's "
     noise, why = within_noise(accs[peaks[0]], rival) if rival is not None else (False, "")
     detail = (f"peak at m = {', '.join(map(str, peaks))} ({best:.2f}%, {seeds_text(common)})"
-              + (f"; {why} against {against}{rival.mean:.2f}%" if why else ""))
+              + (f", against {against}{rival.mean:.2f}%; {why}" if why else ""))
     return claim_line(text, peaks == [8], detail, noise)
