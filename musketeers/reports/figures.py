@@ -215,7 +215,7 @@ def figure6(runs: list[Run], out_dir: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     plotted, top = False, 0.0
     for i, task in enumerate(TASKS):
-        xs, ys, es, ns = [], [], [], []
+        xs, ys, es, ns, dots = [], [], [], [], []
         for m in LATENTS:
             acc = [r.exact for r in select(runs, task=task, method=OURS, team="default",
                                            pooling=DEFAULT_POOLING, latents=m)
@@ -226,9 +226,14 @@ def figure6(runs: list[Run], out_dir: Path) -> Path | None:
                 ys.append(mean)
                 es.append(std or 0.0)
                 ns.append(len(acc))
+                dots += [(m, a) for a in acc]
         if len(xs) < 2:
             continue
         plotted = True
+        # each seed too: m cells may run on fewer seeds than m = 8, and a claim that reads
+        # them on their shared seeds should be checkable against the figure
+        ax.scatter(*zip(*dots, strict=True), s=14, facecolors="none", alpha=0.7,
+                   edgecolors=plt.get_cmap("Dark2")(i), zorder=3)
         ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, color=plt.get_cmap("Dark2")(i),
                     label=f"{TASK_TITLES[task]} ({min(ns)}–{max(ns)} seeds)"
                     if min(ns) != max(ns) else
@@ -244,7 +249,7 @@ def figure6(runs: list[Run], out_dir: Path) -> Path | None:
     ax.set_xlabel("number of latent queries m (log scale)")
     ax.set_ylabel("exact (%)")
     ax.set_title("Figure 6 — exact vs. number of latents m\n"
-                 "(default team; mean ± sample std over seeds)")
+                 "(default team; mean ± sample std over seeds, circles: each seed)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, out_dir / "figure6_latents.png")
