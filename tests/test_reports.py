@@ -899,6 +899,37 @@ def test_ours_meets_each_baseline_on_the_seeds_that_baseline_ran(tmp_path: Path)
     assert not any(c.startswith("- Table 1: on Algorithmic") for c in claims)
 
 
+def test_a_one_seed_cell_is_weighed_against_the_seed_spread_ours_and_its_control_show(
+        tmp_path: Path):
+    """Figure 6's m = 2 runs on seed 0 only, 20 of 400 items (5 points) above m = 8 there:
+    beyond the items' 2 SE (2.18), but Ours and its shuffled-experts control differ by +5, -5
+    and 0 points over three seeds (sd 5), so one seed's 5 points are within 2 SE (10)."""
+    def graded(d: Path, right: int) -> None:
+        (d / "eval_samples.jsonl").write_text("".join(
+            json.dumps({"id": f"i{k}", "score": float(k < right)}) + "\n" for k in range(400)))
+
+    for seed, (o, c) in enumerate(((140, 120), (120, 140), (130, 130))):
+        graded(write_run(tmp_path, f"ours{seed}", o / 400, n=400, seed=seed, **KEY), o)
+        graded(write_run(tmp_path, f"ctl{seed}", c / 400, n=400, seed=seed,
+                         **{**KEY, "method": "shuffled_experts"}), c)
+    graded(write_run(tmp_path, "m2", 0.4, n=400, seed=0, **{**KEY, "latents": 2}), 160)
+
+    def figure6() -> str:
+        return next(c for c in paper_claims(agg.load_runs(tmp_path), 8) if "Figure 6" in c)
+
+    claim = figure6()
+    assert "**does NOT hold here, but within noise**" in claim
+    assert ("the difference, 5.00 points, is within 2 SE (10.00) of one seed: SE the seed "
+            "spread of Ours against shuffled experts on Arithmetic over 3 seeds (sd of their "
+            "per-seed differences 5.00), larger than the items' paired SE 1.09") in claim
+    # without the control's seeds no spread is measured: the items' noise alone calls it
+    for seed in range(3):
+        shutil.rmtree(tmp_path / f"ctl{seed}")
+    claim = figure6()
+    assert "**does NOT hold here**" in claim and "exceeds 2 SE (2.18)" in claim
+    assert "the items' noise only" in claim
+
+
 def test_the_regime_claim_needs_every_single_seed_beyond_2_se_of_the_untrained_policy(
         tmp_path: Path):
     from musketeers.reports.claims import learns_claim

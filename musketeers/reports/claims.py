@@ -23,7 +23,7 @@ from musketeers.reports.aggregate import (
     series,
 )
 from musketeers.reports.figures import LATENTS
-from musketeers.reports.paired import paired_context, paired_context_gain
+from musketeers.reports.paired import paired_cells, paired_context, paired_context_gain
 from musketeers.reports.routing_claims import routing_claims
 from musketeers.reports.tables import (
     DEFAULT_LATENTS,
@@ -31,6 +31,7 @@ from musketeers.reports.tables import (
     DEFAULT_TEAM,
     EXACT_CONTROL,
     ROUTING_CONTROL,
+    TABLE2_KEY,
     TASK_TITLES,
     TASKS,
     paper_text,
@@ -39,6 +40,7 @@ from musketeers.reports.tables import (
 )
 from musketeers.reports.verdicts import (
     NO_CONTROL,
+    SeedSpread,
     claim_line,
     seeds_text,
     two_se_clause,
@@ -72,10 +74,27 @@ def compare(ours: Cell, paper: tuple[float, float] | None) -> str | None:
            f"(> 1 std = {tol:.2f})"
 
 
-def beats_claim(text: str, ours: Cell, base: Cell, base_name: str, control: Cell) -> str:
+def seed_spread(runs: list[Run], task: str, latents: int = DEFAULT_LATENTS
+                ) -> SeedSpread | None:
+    """The noise a one-seed cell (Table 2's, Figure 6's, a baseline's) has beyond its items':
+    the spread of Ours' per-seed differences from its shuffled-experts control, the
+    several-seed pair most like a one-seed variant of Ours against Ours. None without ≥ 2
+    seeds of both."""
+    key = dict(task=task, pooling=DEFAULT_POOLING, latents=latents)
+    p = paired_cells(cell(runs, **key, **DEFAULT_TEAM),
+                     cell(runs, **key, **{**DEFAULT_TEAM, "method": EXACT_CONTROL}))
+    if p is None or p.seed_se is None:
+        return None
+    return SeedSpread(p.seed_se * math.sqrt(p.runs),
+                      f"Ours against shuffled experts on {TASK_TITLES[task]} over {p.runs} seeds")
+
+
+def beats_claim(text: str, ours: Cell, base: Cell, base_name: str, control: Cell,
+                spread: SeedSpread | None = None) -> str:
     """"Ours beats ``base``", stated against ``base`` and against Ours' shuffled-experts
-    control on the same seeds: it holds only if Ours clears both."""
-    vs_base = versus(ours, base, base_name)
+    control on the same seeds: it holds only if Ours clears both. ``spread``: the seed noise
+    of a ``base`` run on one seed."""
+    vs_base = versus(ours, base, base_name, spread)
     if vs_base is None:
         return claim_line(text, None, "")
     ahead, noise, clause = vs_base
@@ -275,7 +294,7 @@ def baseline_claims(runs: list[Run], latents: int) -> list[str]:
                            **{**DEFAULT_TEAM, "method": EXACT_CONTROL})
             out.append(beats_claim(
                 f"Table 1: on {TASK_TITLES[task]}, Ours (Default Team) beats {row.label}{paper}",
-                ours[task], cells[task], row.label, control))
+                ours[task], cells[task], row.label, control, seed_spread(runs, task, latents)))
     return out
 
 
@@ -347,7 +366,7 @@ def pooling_claim(runs: list[Run], latents: int) -> str:
     first, last = first.on(common), last.on(common)
     stds = [c.std for c in (first, last) if c.std is not None]
     tol = max(stds, default=0.0)
-    noise, why = within_noise(first, last)
+    noise, why = within_noise(first, last, seed_spread(runs, TABLE2_KEY["task"], latents))
     detail = (f"{first.mean:.2f} vs {last.mean:.2f} ({seeds_text(common)})"
               + (f", seed std {tol:.2f}" if stds else "") + (f"; {why}" if why else ""))
     if first.constant_experts:
@@ -376,7 +395,8 @@ def latents_claim(runs: list[Run]) -> str:
         against = "the runner-up, "
     else:
         rival, against = accs.get(8), "m = 8's "
-    noise, why = within_noise(accs[peaks[0]], rival) if rival is not None else (False, "")
+    noise, why = (within_noise(accs[peaks[0]], rival, seed_spread(runs, FIGURE6_TASK))
+                  if rival is not None else (False, ""))
     detail = (f"peak at m = {', '.join(map(str, peaks))} ({best:.2f}%, {seeds_text(common)})"
               + (f", against {against}{rival.mean:.2f}%; {why}" if why else ""))
     return claim_line(text, peaks == [8], detail, noise)

@@ -306,7 +306,9 @@ def write_report(grid: Grid, runs_dir: Path, reports_dir: Path) -> Path:
            "errors of its noise, so it is no finding either way. Two evaluations are compared "
            "item by item on the same validation items and seeds where their graded completions "
            "were kept (the SE of the paired difference, or of the per-seed differences if "
-           "larger), else by two Bernoulli bounds; sampled rewards by Bernoulli bounds; "
+           "larger; a cell run on one seed against the spread of Ours' per-seed differences "
+           "from its shuffled-experts control if larger), else by two Bernoulli bounds; "
+           "sampled rewards by Bernoulli bounds; "
            "routing by the spread over seeds;"
            " each claim for Ours is stated against a control on the same seeds, and one "
            "without its control run is \"not evidence\"):", "",

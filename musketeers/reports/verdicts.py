@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from musketeers.reports.aggregate import Cell
 from musketeers.reports.paired import paired_cells
@@ -13,16 +14,32 @@ from musketeers.reports.paired import paired_cells
 NO_CONTROL = "no control run: not evidence"
 
 
-def within_noise(a: Cell, b: Cell) -> tuple[bool, str]:
+@dataclass(frozen=True)
+class SeedSpread:
+    """How far apart two variants of Ours land on one training seed for reasons of the seed
+    alone: the sample std of per-seed differences of two cells run on several seeds."""
+
+    sd: float  # points
+    source: str  # which cells it was measured on, for the clause
+
+
+def within_noise(a: Cell, b: Cell, spread: SeedSpread | None = None) -> tuple[bool, str]:
     """Whether two cells differ by no more than their noise, and a clause saying by how much.
 
     Where both cells' runs kept their graded completions, the two are compared item by item
     on the same seeds (musketeers.reports.paired): |Δ| ≤ 2 SE of the paired difference, or of
-    the per-seed differences where that is larger. Otherwise |Δ| ≤ 2·sqrt(SE_a² + SE_b²),
-    each SE the Bernoulli bound of ``Cell.item_se``: on 64 items a 3 % exact has SE ≈ 2.2
-    points, so one seed's 1–2 items of difference prove nothing either way.
+    the per-seed differences where that is larger. On one shared seed there are no per-seed
+    differences: ``spread`` (measured on other cells' seeds) stands in where it is larger.
+    Otherwise |Δ| ≤ 2·sqrt(SE_a² + SE_b²), each SE the Bernoulli bound of ``Cell.item_se``:
+    on 64 items a 3 % exact has SE ≈ 2.2 points, so one seed's 1–2 items of difference prove
+    nothing either way.
     """
     if (p := paired_cells(a, b)) is not None:
+        # one seed has no spread of its own: a measured one, where given and larger, stands in
+        if p.runs == 1 and spread is not None and spread.sd > p.noise:
+            return two_se_clause(a.mean, b.mean, spread.sd, "points", (
+                f"one seed: SE the seed spread of {spread.source} (sd of their per-seed "
+                f"differences {spread.sd:.2f}), larger than the items' paired SE {p.se:.2f}"))
         return two_se_clause(a.mean, b.mean, p.noise, "points", p.counts())
     se_a, se_b = a.item_se, b.item_se
     if se_a is None or se_b is None:
@@ -63,13 +80,14 @@ def seeds_text(seeds: Iterable[int]) -> str:
     return f"seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}"
 
 
-def versus(ours: Cell, other: Cell, name: str) -> tuple[bool, bool, str] | None:
+def versus(ours: Cell, other: Cell, name: str, spread: SeedSpread | None = None
+           ) -> tuple[bool, bool, str] | None:
     """Ours against one rival on the seeds both have: (ahead, within noise, clause), or None
     when they share no seed."""
     common = ours.seeds & other.seeds
     if not common:
         return None
     a, b = ours.on(common), other.on(common)
-    noise, why = within_noise(a, b)
+    noise, why = within_noise(a, b, spread)
     return a.mean > b.mean, noise, (f"vs {name} ({seeds_text(common)}): {a.mean:.2f} vs "
                                     f"{b.mean:.2f}" + (f"; {why}" if why else ""))
