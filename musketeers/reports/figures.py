@@ -230,11 +230,12 @@ def figure6(runs: list[Run], out_dir: Path) -> Path | None:
         if len(xs) < 2:
             continue
         plotted = True
+        color = plt.get_cmap("Dark2")(i)
         # each seed too: m cells may run on fewer seeds than m = 8, and a claim that reads
         # them on their shared seeds should be checkable against the figure
         ax.scatter(*zip(*dots, strict=True), s=14, facecolors="none", alpha=0.7,
-                   edgecolors=plt.get_cmap("Dark2")(i), zorder=3)
-        ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, color=plt.get_cmap("Dark2")(i),
+                   edgecolors=color, zorder=3)
+        ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, color=color,
                     label=f"{TASK_TITLES[task]} ({min(ns)}–{max(ns)} seeds)"
                     if min(ns) != max(ns) else
                     f"{TASK_TITLES[task]} ({ns[0]} seed{'s' * (ns[0] > 1)})")
