@@ -42,6 +42,9 @@ class ExpertSpec:
     config: dict = field(default_factory=dict, hash=False)
     seed: int = 0
     description: str = ""
+    # a positive control, never a real expert: it reads the gold answer with the question
+    # (prompts.oracle_view), so its vectors carry what a helpful expert could at most
+    oracle: bool = False
 
 
 KINDS = ("hub", "dir", "gguf", "chunks", "random")

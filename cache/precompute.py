@@ -42,7 +42,7 @@ from musketeers.cache.experts import (
 from musketeers.cache.items import Item, items_fingerprint
 from musketeers.cache.pooling import random_positions
 from musketeers.cache.progress import progress
-from musketeers.cache.prompts import render_prompt
+from musketeers.cache.prompts import oracle_view, render_prompt
 from musketeers.cache.verify import corrupt_chunks
 from musketeers.cache.zarrio import Damaged, child, chunk_range, dense_writes, require_container
 
@@ -82,24 +82,28 @@ def greedy_hints(model, tokenizer, seqs: list[list[int]], max_new_tokens: int) -
     return tokenizer.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)
 
 
-def prompt_seqs(tokenizer, items: list[Item], limit: int) -> tuple[list[list[int]], list[bool]]:
-    """Token ids per item under the truncation rule (keep the last ``limit``); which were cut."""
+def prompt_seqs(tokenizer, items: list[Item], limit: int,
+                oracle: bool = False) -> tuple[list[list[int]], list[bool]]:
+    """Token ids per item under the truncation rule (keep the last ``limit``); which were cut.
+    An oracle expert reads each question with its gold answer (``oracle_view``)."""
     seqs, truncated = [], []
     for it in items:
-        ids = render_prompt(tokenizer, it)
+        ids = render_prompt(tokenizer, oracle_view(it) if oracle else it)
         truncated.append(len(ids) > limit)
         seqs.append(ids[-limit:])
     return seqs, truncated
 
 
 def compute_rows(model, tokenizer, items: list[Item], rows: np.ndarray,
-                 cfg: PrecomputeConfig, backbone: Backbone | None = None) -> tuple[dict, int]:
+                 cfg: PrecomputeConfig, backbone: Backbone | None = None,
+                 oracle: bool = False) -> tuple[dict, int]:
     """Every pooled array for ``items`` (global row indices ``rows``), and the token count.
 
     ``backbone`` is the model's (possibly compiled) backbone pass; by default the plain one.
     """
     backbone = backbone or Backbone(model)
-    seqs, truncated = prompt_seqs(tokenizer, items, context_length(model, cfg.max_length))
+    seqs, truncated = prompt_seqs(tokenizer, items, context_length(model, cfg.max_length),
+                                  oracle)
     n_tok = np.array([len(s) for s in seqs], dtype=np.int32)
     rand = random_positions(rows, n_tok, cfg.seed)
     out: dict = {"n_tokens": n_tok, "truncated": np.array(truncated), "random_pos": rand}
@@ -111,9 +115,10 @@ def compute_rows(model, tokenizer, items: list[Item], rows: np.ndarray,
     return out, int(n_tok.sum())
 
 
-def compute_hints(model, tokenizer, items: list[Item], cfg: PrecomputeConfig) -> tuple[dict, int]:
+def compute_hints(model, tokenizer, items: list[Item], cfg: PrecomputeConfig,
+                  oracle: bool = False) -> tuple[dict, int]:
     """The ``hints`` array for ``items``: greedy answers, batched like the poolings."""
-    seqs, _ = prompt_seqs(tokenizer, items, context_length(model, cfg.max_length))
+    seqs, _ = prompt_seqs(tokenizer, items, context_length(model, cfg.max_length), oracle)
     hints = np.empty(len(items), dtype=object)
     for batch in length_batches([len(s) for s in seqs], cfg.batch_tokens):
         hints[batch] = greedy_hints(model, tokenizer, [seqs[i] for i in batch], cfg.hint_tokens)
@@ -223,9 +228,12 @@ def write_split_items(root: zarr.Group, split: str, items: list[Item], task: str
 
 def expert_fingerprint(spec: ExpertSpec, model, tokenizer, cfg: PrecomputeConfig,
                        items_fp: str) -> dict:
+    expert = {"name": spec.name, "kind": spec.kind, "ref": spec.ref, "file": spec.file}
+    if spec.oracle:  # only then, so every store built before oracles keeps its fingerprints
+        expert["oracle"] = True
     return {
         "format_version": layout.FORMAT_VERSION,
-        "expert": {"name": spec.name, "kind": spec.kind, "ref": spec.ref, "file": spec.file},
+        "expert": expert,
         "weights_sha256": model.musketeers_sha256,
         "tokenizer": tokenizer_fingerprint(tokenizer),
         "dtype": dtype_name(cfg.dtype),
@@ -257,7 +265,7 @@ def precompute_expert(root: zarr.Group, splits: dict[str, list[Item]], spec: Exp
         if work:
             def compute(lo, hi, items=items):
                 return compute_rows(model, tokenizer, items[lo:hi], np.arange(lo, hi), cfg,
-                                    backbone)
+                                    backbone, spec.oracle)
 
             run_chunks(g, len(items), cfg.chunk_rows, dist, desc, compute)
             finish(g, dist)
@@ -265,7 +273,7 @@ def precompute_expert(root: zarr.Group, splits: dict[str, list[Item]], spec: Exp
             log.info("%s: complete, skipped", desc)
         if cfg.hints and dist.on_rank0(lambda g=g: prepare_hints(g)):
             def hints(lo, hi, items=items):
-                return compute_hints(model, tokenizer, items[lo:hi], cfg)
+                return compute_hints(model, tokenizer, items[lo:hi], cfg, spec.oracle)
 
             g = zarr.open_group(g.store, path=g.path, mode="r+")  # sees rank 0's new arrays
             run_chunks(g, len(items), cfg.chunk_rows, dist, f"{desc} hints", hints,

@@ -32,6 +32,22 @@ def prompt_parts(item: Any) -> tuple[str | None, str]:
     return getattr(item, "system", None), item.question
 
 
+ORACLE_SUFFIX = "\n\nThe answer is {answer}."
+
+
+def oracle_view(item: Any) -> dict[str, Any]:
+    """What an oracle expert reads: ``item``'s question followed by its gold answer.
+
+    The positive control of "can expert help be seen": if a policy reading these vectors does
+    not beat one that does not, the setup cannot detect help, whatever the real experts hold.
+    """
+    system, question = prompt_parts(item)
+    answer = item.get("answer") if isinstance(item, dict) else getattr(item, "answer", None)
+    if answer is None:
+        return {"system": system, "question": question}
+    return {"system": system, "question": question + ORACLE_SUFFIX.format(answer=answer)}
+
+
 def folded(system: str | None, question: str) -> str:
     """The system text and the question as one turn (no template, or no system role)."""
     return f"{system}\n\n{question}" if system else question
@@ -76,4 +92,4 @@ def generation_prompt_len(tokenizer: Any) -> int:
     return len(with_gen) - len(without) if with_gen[: len(without)] == without else 0
 
 
-__all__ = ["render_prompt", "render_text", "prompt_parts", "generation_prompt_len"]
+__all__ = ["render_prompt", "render_text", "prompt_parts", "generation_prompt_len", "oracle_view"]

@@ -30,6 +30,11 @@ def _fix(cache_dir: str | Path, task: str, experts: str | None = None, force: bo
     return st.precompute_command(task, experts, cache_dir, force, st.store_limit(path), hints)
 
 
+def rebuild_command(cache_dir: str | Path, task: str) -> str:
+    """The precompute that rebuilds the whole store (its items and every expert)."""
+    return _fix(cache_dir, task, force=True)
+
+
 def open_store(cache_dir: str | Path, task: str, experts: list[str] | None = None,
                hints: bool = False) -> zarr.Group:
     """The task's store. ``experts`` (and ``hints``): what the caller will read, so that a

@@ -151,12 +151,82 @@ def verify(task: Annotated[str | None, typer.Argument()] = None, cache_dir: Cach
         problems = verify_store(path)
         for p in problems:
             typer.echo(f"{path.name}: {p}")
+        if not problems and (edited := _edited_items(path, cache_dir)):
+            typer.echo(f"{path.name}: {edited}")
+            bad += 1
+            continue
         fix = f"; repair: {repair_command(path, problems, cache_root(cache_dir))}"
         typer.echo(f"{path.name}: {'OK' if not problems else f'{len(problems)} problem(s)'}"
                    + (fix if problems else ""))
         bad += len(problems)
     if bad:
         raise typer.Exit(1)
+
+
+@cache_app.command("probe")
+def probe(
+    task: Annotated[str, typer.Argument(help="task name, as given to precompute")],
+    team: Annotated[str | None, typer.Option(help="named team (default, naive, ...)")] = None,
+    roster: Annotated[str, typer.Option(help="pocket, paper or tiny")] = "pocket",
+    experts: Annotated[
+        str | None, typer.Option(help="comma-separated names, hub ids or local folders")
+    ] = None,
+    team_file: Annotated[Path | None, typer.Option(help="YAML team file")] = None,
+    cache_dir: CacheDirOpt = None,
+    split: Annotated[str, typer.Option(help="train or val")] = "val",
+    poolings: Annotated[str, typer.Option(
+        help="comma-separated poolings (last, first_token, random_token, first_layer, "
+             "random_layer, mean, layer:K)")] = "last,first_token,random_token,first_layer,"
+                                                "random_layer,mean",
+    samples: Annotated[Path | None, typer.Option(
+        help="an untrained policy's eval_samples.jsonl: also probe whether it was right")] = None,
+) -> None:
+    """Linear probes of each expert's cached vectors: do they carry the item's answer, its
+    dataset, whether the policy gets it right? Accuracy against the majority class."""
+    from rich.table import Table
+
+    from musketeers.cache import reader
+    from musketeers.cache.progress import console as rich_console
+    from musketeers.reports.probes import read_policy_right, run_probes
+    from musketeers.teams import resolve_team
+
+    names = [e.strip() for e in experts.split(",") if e.strip()] if experts else None
+    specs = resolve_team(team, roster, names, team_file)
+    root = cache_root(cache_dir)
+    items = reader.read_items(root, task, split)
+    right = read_policy_right(samples) if samples is not None else None
+    vectors = {}
+    for pooling in [p.strip() for p in poolings.split(",") if p.strip()]:
+        arrays = reader.read_vectors(root, task, split, [s.name for s in specs], pooling)
+        for spec, x in zip(specs, arrays, strict=True):
+            vectors[spec.name + (" (CONTROL)" if spec.oracle else ""), pooling] = x
+    table = Table(title=f"linear probes, {task}/{split}, {len(items)} items "
+                        "(5-fold CV accuracy, 95 % Wilson interval)")
+    for col in ("expert", "pooling", "target", "n", "probe", "interval", "majority", "beats",
+                "identical"):
+        table.add_column(col)
+    for r in run_probes(vectors, items, right):
+        table.add_row(r.expert, r.pooling, r.target, str(r.n), f"{100 * r.accuracy:.1f}",
+                      f"{100 * r.low:.1f}-{100 * r.high:.1f}", f"{100 * r.majority:.1f}",
+                      "yes" if r.beats_majority else "no", f"{100 * r.identical:.0f}%")
+    rich_console().print(table)
+
+
+def _edited_items(path: Path, cache_dir: Path | None) -> str | None:
+    """Why the store's items are not the ones its task generates, or None when they are."""
+    from musketeers.cache import reader
+    from musketeers.cache.layout import SPLITS
+    from musketeers.tasks import check_items
+
+    task = path.name.removesuffix(".zarr")
+    root = cache_root(cache_dir)
+    try:
+        for split in SPLITS:
+            check_items(task, split, reader.read_items(root, task, split),
+                        fix=reader.rebuild_command(root, task))
+    except UserError as exc:
+        return str(exc)
+    return None
 
 
 def repair_command(path: Path, problems: list, cache_dir: Path) -> str:

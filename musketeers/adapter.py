@@ -62,10 +62,20 @@ class OutputProjection(nn.Linear):
     The default 1e-8 keeps C's elements ~1e-7, well under sqrt(eps) = 1e-3.
     """
 
-    def __init__(self, d: int, d_policy: int, out_init_std: float):
+    def __init__(self, d: int, d_policy: int, out_init_std: float,
+                 target_rms: float | None = None):
         super().__init__(d, d_policy, bias=True)
         nn.init.normal_(self.weight, std=out_init_std)
         nn.init.zeros_(self.bias)
+        self.target_rms = target_rms
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Eq. 11; with ``target_rms`` (``context_scale: embedding``) each context token is
+        rescaled to that rms, so only C's direction is learnt and it is as loud as a token."""
+        c = super().forward(x)
+        if self.target_rms is None:
+            return c
+        return c * (self.target_rms / c.pow(2).mean(-1, keepdim=True).clamp_min(1e-30).sqrt())
 
 
 class ExpertAlignment(nn.Module):
@@ -130,6 +140,7 @@ class PerceiverAdapter(nn.Module):
         d_model: int = 512,
         heads: int = 8,
         out_init_std: float = 1e-8,
+        target_rms: float | None = None,
     ):
         super().__init__()
         if d_model % heads:
@@ -144,7 +155,7 @@ class PerceiverAdapter(nn.Module):
         self.w_k = nn.Linear(d_model, d_model, bias=False)
         self.w_v = nn.Linear(d_model, d_model, bias=False)
         self.ffn = FFN(d_model)
-        self.out = OutputProjection(d_model, d_policy, out_init_std)
+        self.out = OutputProjection(d_model, d_policy, out_init_std, target_rms)
 
     def latent_attention(self, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Eq. 9–10: C' = FFN(Q_lat + softmax(Q Kᵀ/√d_head) V') with Q = Q_lat W_Q, K = V W_K,
@@ -173,12 +184,13 @@ class NoCrossAttnAdapter(nn.Module):
         *,
         d_model: int = 512,
         out_init_std: float = 1e-8,
+        target_rms: float | None = None,
     ):
         super().__init__()
         self.n_context = len(expert_dims)
         self.align = ExpertAlignment(expert_dims, d_model)
         self.ffn = FFN(d_model)
-        self.out = OutputProjection(d_model, d_policy, out_init_std)
+        self.out = OutputProjection(d_model, d_policy, out_init_std, target_rms)
 
     def forward(
         self, vectors: list[torch.Tensor], router_emb: torch.Tensor | None = None
@@ -204,6 +216,7 @@ class HardRoutingAdapter(nn.Module):
         router_dim: int = 384,
         out_init_std: float = 1e-8,
         tau: float = 1.0,
+        target_rms: float | None = None,
     ):
         super().__init__()
         self.n_context = 1
@@ -211,7 +224,7 @@ class HardRoutingAdapter(nn.Module):
         self.align = ExpertAlignment(expert_dims, d_model)
         self.router = nn.Linear(router_dim, len(expert_dims))
         self.ffn = FFN(d_model)
-        self.out = OutputProjection(d_model, d_policy, out_init_std)
+        self.out = OutputProjection(d_model, d_policy, out_init_std, target_rms)
 
     def route(self, router_emb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Eq. 13's R(E_T(x)): embedding [B, router_dim] → (one-hot R [B, n], logits [B, n])."""

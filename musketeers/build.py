@@ -103,8 +103,10 @@ def build_components(cfg: TrainConfig, split: str, *, limit: int | None = None,
     seed_everything(cfg.seed)
     policy = (policy_factory or build_policy)(cfg)
     router_dim = int(data.router.shape[1]) if data.router is not None else 384
+    target = policy.embedding_rms if cfg.context_scale == "embedding" else None
     adapter = build_adapter(cfg.method, data.expert_dims, policy.embed_dim, latents=cfg.latents,
-                            d_model=cfg.d_model, heads=cfg.heads, router_dim=router_dim)
+                            d_model=cfg.d_model, heads=cfg.heads, router_dim=router_dim,
+                            target_rms=target)
     if adapter is not None:
         adapter.to(cfg.device)
     return data, policy, adapter

@@ -7,6 +7,7 @@ explicit CLI options. The resolved config is saved as ``runs/<name>/config.yaml`
 
 from __future__ import annotations
 
+import math
 import os
 import types
 import typing
@@ -25,6 +26,7 @@ SCHEDULERS = ("constant", "linear", "cosine")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Where C enters the policy's prefix (musketeers.policy.Policy.build_inputs).
 CONTEXT_POSITIONS = ("before_generation_prompt", "after_prompt", "before_prompt")
+CONTEXT_SCALES = ("init", "embedding")
 
 
 def opt(default: Any = MISSING, *, help: str, cli: bool | str = False, path: bool = False,
@@ -112,6 +114,11 @@ class TrainConfig:
         "before_generation_prompt", cli=True,
         help="where C enters: before_generation_prompt (default), after_prompt "
              "(after the chat template's assistant header) or before_prompt")
+    # Eq. 11 leaves C near zero; "embedding" rescales each context token to the policy's
+    # token-embedding rms, so C speaks as loudly as the prompt from the first step
+    context_scale: str = opt("init", cli=True,
+                             help="C's scale: init (Eq. 11 as written, near zero at first) or "
+                                  "embedding (each token at the policy's embedding rms)")
     # a different reward, named in reports (musketeers.tasks.scoring.EXTRACTIONS)
     extraction: str = opt("strict", cli=True,
                           help="how the graded answer is found: strict (the last "
@@ -314,10 +321,13 @@ def validate(cfg: TrainConfig) -> None:
         raise UserError(f"config key 'no_context_every' must be >= 0, got {cfg.no_context_every}")
     if cfg.eval_limit is not None and cfg.eval_limit < 1:
         raise UserError(f"config key 'eval_limit' must be >= 1, got {cfg.eval_limit}")
+    _one_of("context_scale", cfg.context_scale, CONTEXT_SCALES)
     for key in ("beta", "lr", "adapter_lr", "weight_decay", "grad_clip", "clip_low",
-                "clip_high", "adam_eps"):
-        if getattr(cfg, key) < 0:
-            raise UserError(f"config key '{key}' must be >= 0, got {getattr(cfg, key)}")
+                "clip_high", "adam_eps", "temperature"):
+        # NaN compares false with everything: one update with lr nan makes every weight NaN
+        if not math.isfinite(getattr(cfg, key)) or getattr(cfg, key) < 0:
+            raise UserError(f"config key '{key}' must be a finite number >= 0, got "
+                            f"{getattr(cfg, key)}")
     if not cfg.temperature > 0:  # sampling and log-probs divide the logits by it
         raise UserError(f"config key 'temperature' must be > 0, got {cfg.temperature}")
     if cfg.d_model % cfg.heads:

@@ -110,13 +110,16 @@ def names() -> tuple[str, ...]:
 
 def build_adapter(method: str, expert_dims: list[int], d_policy: int, *, latents: int = 8,
                   d_model: int = 512, heads: int = 8, router_dim: int = 384,
-                  out_init_std: float = 1e-8) -> nn.Module | None:
-    """The adapter g_φ of ``method``; None for the methods without context tokens."""
+                  out_init_std: float = 1e-8, target_rms: float | None = None
+                  ) -> nn.Module | None:
+    """The adapter g_φ of ``method``; None for the methods without context tokens.
+    ``target_rms``: each context token's rms (``context_scale: embedding``), else Eq. 11's."""
     factory = get(method).adapter
     if factory is None:
         return None
     return factory(expert_dims, d_policy, dict(latents=latents, d_model=d_model, heads=heads,
-                                               router_dim=router_dim, out_init_std=out_init_std))
+                                               router_dim=router_dim, out_init_std=out_init_std,
+                                               target_rms=target_rms))
 
 
 class ZeroContext(nn.Module):
@@ -137,24 +140,26 @@ class ZeroContext(nn.Module):
 
 def _perceiver(dims: list[int], d_policy: int, o: dict[str, Any]) -> nn.Module:
     return PerceiverAdapter(dims, d_policy, latents=o["latents"], d_model=o["d_model"],
-                            heads=o["heads"], out_init_std=o["out_init_std"])
+                            heads=o["heads"], out_init_std=o["out_init_std"],
+                            target_rms=o["target_rms"])
 
 
 def _no_cross_attn(dims: list[int], d_policy: int, o: dict[str, Any]) -> nn.Module:
     return NoCrossAttnAdapter(dims, d_policy, d_model=o["d_model"],
-                              out_init_std=o["out_init_std"])
+                              out_init_std=o["out_init_std"], target_rms=o["target_rms"])
 
 
 def _hard_routing(dims: list[int], d_policy: int, o: dict[str, Any]) -> nn.Module:
     return HardRoutingAdapter(dims, d_policy, d_model=o["d_model"], router_dim=o["router_dim"],
-                              out_init_std=o["out_init_std"])
+                              out_init_std=o["out_init_std"], target_rms=o["target_rms"])
 
 
 def _zero_context(dims: list[int], d_policy: int, o: dict[str, Any]) -> nn.Module:
     return ZeroContext(o["latents"], d_policy)
 
 
-_NO_C = ("pooling", "latents", "context_position", "d_model", "heads", "adapter_lr")
+_NO_C = ("pooling", "latents", "context_position", "d_model", "heads", "adapter_lr",
+         "context_scale")
 _VECTORS = frozenset({"vectors"})
 
 register(Method("perceiver", "Ours", _perceiver, _VECTORS, attention=True, routed=True,
@@ -177,7 +182,8 @@ register(Method("shuffled_reward", "Ours, shuffled reward (control)", _perceiver
                 summary="Ours with rewards permuted within each update: signal without meaning"))
 register(Method("zero_context", "Zero context (control)", _zero_context, _VECTORS,
                 control_of="perceiver",
-                ignores=("pooling", "context_position", "d_model", "heads", "adapter_lr"),
+                ignores=("pooling", "context_position", "d_model", "heads", "adapter_lr",
+                         "context_scale"),
                 summary="C = 0 at every step, nothing in φ trains: Single with m more positions"))
 register(Method("untrained", "Single, untrained (baseline)", None, ignores=("team", *_NO_C),
                 control_of="single", trains=False,

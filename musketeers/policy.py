@@ -122,6 +122,8 @@ class Policy:
         emb = self.model.get_input_embeddings()
         self.embed_dim: int = emb.embedding_dim
         self.dtype = emb.weight.dtype
+        # the scale C is weighed against (frozen: LoRA never touches the embeddings)
+        self.embedding_rms = float(emb.weight.detach().float().pow(2).mean().sqrt())
         self.pad_id: int = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         )

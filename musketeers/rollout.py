@@ -8,7 +8,7 @@ micro-batch:
   2. ``assign_advantages``: rewards of every micro-batch → advantages, so RLOO+'s per-task
      standardisation pools every prompt of a task in the update (per micro-batch, most
      prompts had no other of their dataset and LOO only rescaled GRPO); the
-     ``shuffled_reward`` control permutes the update's rewards here;
+     ``shuffled_reward`` control permutes each group's rewards here;
   3. ``reference_passes``: old and reference log-probs of the groups that enter the loss.
 """
 
@@ -150,15 +150,25 @@ def sample(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, rows: 
                    context=context, attention=attention, adapter_rng=adapter_rng)
 
 
+def shuffle_within_groups(rewards: torch.Tensor, seed: int) -> torch.Tensor:
+    """The ``shuffled_reward`` control's rewards: each group's [G] row permuted on its own.
+
+    Every group keeps its multiset of rewards, so the same groups carry signal and the
+    advantages keep their magnitudes; only which completion earned which is lost. (Permuting
+    across the update instead changes which groups carry signal, and damages the policy.)
+    """
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.argsort(torch.rand(rewards.shape, generator=g), dim=1)
+    return torch.gather(rewards, 1, perm)
+
+
 def assign_advantages(cfg: TrainConfig, step: int, rollouts: list[Rollout]) -> None:
     """Pass 2: advantages over the whole update (every micro-batch), and which groups enter
-    the loss. The ``shuffled_reward`` control permutes the update's rewards first, from a
+    the loss. The ``shuffled_reward`` control permutes each group's rewards first, from a
     stream seeded by (seed, step) alone, so it samples exactly what Ours samples."""
     rewards = torch.cat([r.rewards for r in rollouts])  # [B_total, G]
     if methods.get(cfg.method).shuffle_rewards:
-        g = torch.Generator().manual_seed(derived_seed(cfg.seed, _SHUFFLE_TAG, step))
-        flat = rewards.flatten()
-        rewards = flat[torch.randperm(flat.numel(), generator=g)].view_as(rewards)
+        rewards = shuffle_within_groups(rewards, derived_seed(cfg.seed, _SHUFFLE_TAG, step))
     sources = [it.source for r in rollouts for it in r.items]
     adv = compute_advantages(rewards, advantage=cfg.advantage, reward_norm=cfg.reward_norm,
                              sources=sources)

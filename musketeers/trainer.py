@@ -138,9 +138,28 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
     row = _metrics(cfg, step, rollouts, data.expert_names, losses, kls, norms, optimizer,
                    time.perf_counter() - t0)
     row["update_skipped"] = skipped
+    row["loss_zero_var_frac"] = _loss_zero_var(active)
+    contexts = [r.context for r in rollouts if r.context is not None]
+    if contexts:
+        row.update(context_scale(torch.cat(contexts), policy.embedding_rms))
     if without_c is not None:
         row["reward_no_context"] = without_c
     return row
+
+
+def _loss_zero_var(active) -> float | None:
+    """Share of the groups entering the loss whose advantages are all zero: they add tokens
+    to the normaliser and no gradient. None when no group entered (a skipped update)."""
+    zero = [bool((r.adv[b] == 0).all()) for r in active for b in range(len(r.items))
+            if r.keep[b]]
+    return float(np.mean(zero)) if zero else None
+
+
+def context_scale(context: torch.Tensor, embedding_rms: float) -> dict[str, float]:
+    """C's root mean square, alone and against the policy's token embeddings': how loud the
+    experts speak next to the prompt's own tokens (C starts near zero, Eq. 11)."""
+    rms = float(context.float().pow(2).mean().sqrt())
+    return {"context_rms": rms, "context_rms_ratio": rms / embedding_rms}
 
 
 def _metrics(cfg, step, rollouts, names, losses, kls, norms, optimizer, wall) -> dict[str, Any]:

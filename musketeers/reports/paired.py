@@ -50,7 +50,7 @@ class Paired:
                 f"{self.seed_se:.2f}), paired SE {self.se:.2f}")
 
 
-def _by_item(path: Path, metric: str) -> dict[str, float]:
+def by_item(path: Path, metric: str) -> dict[str, float]:
     out = {}
     for line in path.read_text().splitlines():
         row = json.loads(line)
@@ -65,7 +65,7 @@ def paired(files: list[tuple[Path, Path]], metric: str = "exact") -> Paired | No
     groups = []
     for fa, fb in files:
         if fa.is_file() and fb.is_file():
-            a, b = _by_item(fa, metric), _by_item(fb, metric)
+            a, b = by_item(fa, metric), by_item(fb, metric)
             if both := sorted(set(a) & set(b)):
                 groups.append([(a[i], b[i]) for i in both])
     return _paired(groups)
@@ -111,7 +111,7 @@ def paired_context_gain(ours: list[Run], control: list[Run]) -> Paired | None:
         files = [run.path / eval_files(c)[1] for run in (r, k) for c in (True, False)]
         if not all(f.is_file() for f in files):
             continue
-        oc, ox, kc, kx = (_by_item(f, "exact") for f in files)
+        oc, ox, kc, kx = (by_item(f, "exact") for f in files)
         if both := sorted(set(oc) & set(ox) & set(kc) & set(kx)):
             groups.append([(oc[i] - ox[i], kc[i] - kx[i]) for i in both])
     return _paired(groups)

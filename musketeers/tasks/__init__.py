@@ -2,11 +2,12 @@
 
 ``arithmetic``, ``algorithmic``, ``logic``: the paper's Reasoning Gym composites (appendix,
 Listings 2–4); ``gsm_symbolic``: Reasoning Gym's GSM8K-like generator; ``gsm8k``: the official
-split from local jsonl; ``planted``: the synthetic planted-expert check (issue 3).
+split from local jsonl; ``planted``: the synthetic planted-expert check.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ TASKS: tuple[str, ...] = BASE_TASKS
 
 __all__ = [
     "EXTRACTIONS", "FAMILIES", "MAX_ANSWER_CHARS", "PROMPT_STYLES", "SPLITS", "TASKS", "Item",
-    "build_items", "check_disjoint", "check_task", "extract_answer", "parse_task", "score",
+    "build_items", "check_disjoint", "check_items", "check_task", "extract_answer", "parse_task", "score",
     "task_spec",
 ]
 
@@ -70,13 +71,37 @@ def build_items(task: str, split: str, limit: int | None = None,
 
 
 def task_spec(task: str) -> dict[str, Any]:
-    """JSON-able description of ``task`` (datasets, weights, configs, seeds, sizes)."""
+    """JSON-able description of ``task`` (datasets, weights, configs, seeds, sizes), in the
+    form a store's attributes give it back: a tuple in a config reads back as a list, and a
+    spec that differs from its stored copy only by that would refuse to reopen the store."""
     name = parse_task(task)
     if name.base in RG_TASKS:
-        return rg_task_spec(task)
-    if name.base == "gsm8k":
-        return gsm8k_task_spec(name.prompt)
-    return planted_task_spec()
+        spec = rg_task_spec(task)
+    elif name.base == "gsm8k":
+        spec = gsm8k_task_spec(name.prompt)
+    else:
+        spec = planted_task_spec()
+    return json.loads(json.dumps(spec))
+
+
+def check_items(task: str, split: str, items: list[Item],
+                gsm8k_dir: str | Path | None = None, fix: str = "") -> None:
+    """Refuse stored ``items`` that are not the ones ``task`` generates for ``split``.
+
+    A store is data that anyone with write access can edit, and an item's entry reaches its
+    scorer: regenerating the split and comparing fingerprints is what makes a store's items
+    trustworthy (a few seconds for a few hundred items). ``fix``: the command that rebuilds.
+    """
+    from musketeers.cache.items import items_fingerprint
+
+    expected = build_items(task, split, len(items), gsm8k_dir)
+    if items_fingerprint(expected) == items_fingerprint(items):
+        return
+    bad = next((i for i, (a, b) in enumerate(zip(items, expected, strict=False)) if a != b),
+               min(len(items), len(expected)))
+    raise UserError(f"the stored {task}/{split} items are not the ones the task generates "
+                    f"(first difference at row {bad}): the store was edited or built by "
+                    f"another version; rebuild it{': ' + fix if fix else ''}")
 
 
 def check_disjoint(train: list[Item], val: list[Item]) -> None:

@@ -18,8 +18,8 @@ be huge (``9**9**9``); the scorer's time and memory caps in ``scoring`` handle t
 Every other scorer of our families reads the answer with ``Decimal``, ``float``, ``int``,
 ``json.loads``, string comparison or its own parser (``propositional_logic``), never ``eval``
 (checked against reasoning_gym 0.1.25's source; ``bitwise_arithmetic`` evals the problem from
-the entry, which we generate, and reads the answer with ``int(answer, 0)``); they have no
-entry here. A test fails when a family dataset's ``score_answer`` mentions ``eval``,
+the entry, whose grammar is checked by ``entry_admits``, and reads the answer with
+``int(answer, 0)``); they have no answer grammar here. A test fails when a family dataset's ``score_answer`` mentions ``eval``,
 ``parse_expr`` or ``sympify`` and has no grammar.
 """
 
@@ -96,6 +96,25 @@ GRAMMARS: dict[str, Callable[[str, dict[str, Any]], bool]] = {
     "intermediate_integration": _antiderivative,
     "binary_matrix": _int_matrix,
 }
+
+
+# Scorers that ``eval`` a field of the entry itself: bitwise_arithmetic evaluates
+# ``metadata.problem`` (hex numbers, + - * << >> and parentheses). The entry comes from a
+# store, which anyone with write access to it can edit: each such field must fit its grammar,
+# so an edited store cannot hand the evaluator code.
+_BITWISE_PROBLEM = re.compile(r"[0-9a-fx()+\-*<> ]{1,512}")
+ENTRY_GRAMMARS: dict[str, tuple[str, re.Pattern[str]]] = {
+    "bitwise_arithmetic": ("problem", _BITWISE_PROBLEM),
+}
+
+
+def entry_admits(source: str, entry: dict[str, Any]) -> bool:
+    """Whether every entry field that ``source``'s scorer evaluates fits its grammar."""
+    rule = ENTRY_GRAMMARS.get(source)
+    if rule is None:
+        return True
+    value = entry.get("metadata", {}).get(rule[0]) if isinstance(entry, dict) else None
+    return isinstance(value, str) and bool(rule[1].fullmatch(value))
 
 
 def admits(source: str, answer: str | None, entry: dict[str, Any]) -> bool:

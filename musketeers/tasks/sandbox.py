@@ -34,6 +34,9 @@ _DENIED = (  # events refused whatever their arguments (prefixes)
     "subprocess.Popen", "pty.spawn", "socket.", "ctypes.", "resource.setrlimit",
     "resource.prlimit", "sqlite3.enable_load_extension", "sqlite3.load_extension",
     "webbrowser.open", "sys.remote_exec",
+    # what could reach the hook's closure (gc) or watch it run (tracers) from an evaluation
+    "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys.setprofile",
+    "sys.settrace",
 )
 # events whose path arguments (positions) must stay inside the sandbox directory
 _PATH_EVENTS = {
@@ -59,14 +62,16 @@ def private_channel() -> tuple[IO[str], IO[str]]:
     return requests, replies
 
 
-def _inside(root: str, path: Any) -> bool:
+def _inside(root: str, path: Any, realpath=os.path.realpath, fsdecode=os.fsdecode,
+            sep=os.sep, devnull=os.devnull) -> bool:
+    # the os functions are bound at definition: patching ``os.path`` later changes nothing here
     if isinstance(path, int):  # a descriptor: only ours are open, and none may be rewritten
         return False
     try:
-        real = os.path.realpath(os.fsdecode(path))
+        real = realpath(fsdecode(path))
     except (TypeError, ValueError):
         return False
-    return real == root or real.startswith(root + os.sep) or real == os.devnull
+    return real == root or real.startswith(root + sep) or real == devnull
 
 
 def _opens_for_writing(mode: Any, flags: Any) -> bool:
@@ -93,17 +98,26 @@ def confine(root: str) -> None:
         except (ValueError, OSError):  # a hard limit already lower: keep it
             pass
 
+    # The hook reads only what it closes over, copied here: an evaluated expression that
+    # rebinds this module's globals (``_DENIED = ()``) or patches ``os.path.realpath``
+    # changes nothing the hook sees, and the ways to reach a closure (gc, frames) are denied.
+    denied = tuple(_DENIED)
+    path_events = tuple(_PATH_EVENTS.items())
+    inside, writes = _inside, _opens_for_writing
+
     def hook(event: str, args: tuple[Any, ...]) -> None:
-        if event.startswith(_DENIED):
+        if event.startswith(denied):
             raise PermissionError(f"scorer sandbox: {event} denied")
         if event == "open":
             path, mode, flags = (tuple(args) + (None, None, None))[:3]
-            if _opens_for_writing(mode, flags) and not _inside(root, path):
+            if writes(mode, flags) and not inside(root, path):
                 raise PermissionError(f"scorer sandbox: writing {path!r} denied")
-        elif event in _PATH_EVENTS:
-            for i in _PATH_EVENTS[event]:
-                if i < len(args) and not _inside(root, args[i]):
-                    raise PermissionError(f"scorer sandbox: {event} {args[i]!r} denied")
+            return
+        for name, positions in path_events:
+            if name == event:
+                for i in positions:
+                    if i < len(args) and not inside(root, args[i]):
+                        raise PermissionError(f"scorer sandbox: {event} {args[i]!r} denied")
 
     sys.addaudithook(hook)
     _disarm_fork_exec()

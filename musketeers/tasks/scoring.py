@@ -63,7 +63,7 @@ from typing import Any
 
 from musketeers.cache.items import Item
 
-from . import answer_grammar, sandbox
+from . import answer_grammar, hardening, sandbox
 
 log = logging.getLogger(__name__)
 
@@ -151,10 +151,13 @@ def _rg_scorer(source: str):
 
 
 def _grade_rg(source: str, answer: str | None, entry_json: str) -> float:
-    """The grade, or 0.0 for an answer outside the grammar of a scorer that evaluates it."""
+    """The grade, or 0.0 for an answer outside the grammar of a scorer that evaluates it, or
+    one of the forgeries its scorer would reward (``hardening``)."""
     entry = json.loads(entry_json)
     source = entry.get("metadata", {}).get("source_dataset") or source
-    if not answer_grammar.admits(source, answer, entry):
+    if not answer_grammar.entry_admits(source, entry):
+        return 0.0  # an edited store: the entry's evaluated field is not an expression
+    if not answer_grammar.admits(source, answer, entry) or hardening.forged(answer, entry):
         return 0.0
     return float(_rg_scorer(source)(answer, entry))
 

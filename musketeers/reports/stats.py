@@ -1,0 +1,112 @@
+"""The tests behind every verdict: paired over training seeds, with the right degrees of freedom.
+
+Two methods trained on the same seeds and graded on the same items differ, per seed s, by
+d_s = mean_i(a_si − b_si). Those k numbers carry both noises a claim must clear: which items
+were graded and how the training seed fell. The test is the paired t over seeds (k − 1
+degrees of freedom, not the items' n − 1: with k = 3 the 95 % critical value is 4.30, not
+2); its interval, its p-value, and the **minimum detectable effect**: the true difference
+the test would find with 80 % power at its own noise, (t_{1−α/2} + t_{power}) · SE. A
+difference that is not significant is "no evidence either way, could detect ≥ MDE", never
+"equivalent". Across the claims of one report, p-values are adjusted by Holm's step-down
+method, which controls the family-wise error without assuming independence.
+
+A comparison on one seed has no spread over seeds to test against: it is descriptive only.
+``cluster_bootstrap`` gives a second opinion that resamples seeds and, within them, items
+clustered by item (one item is graded on every seed, so its draws are not independent).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as sps
+
+ALPHA = 0.05
+POWER = 0.80
+
+
+@dataclass(frozen=True)
+class SeedTest:
+    """A paired comparison over training seeds (points, i.e. percentages)."""
+
+    diff: float  # mean of the per-seed differences
+    low: float  # 95 % interval (t with k − 1 df); NaN on one seed
+    high: float
+    p: float | None  # two-sided; None on one seed (descriptive only)
+    df: int
+    mde: float | None  # smallest true difference found with 80 % power; None on one seed
+    seeds: int
+
+    @property
+    def testable(self) -> bool:
+        return self.p is not None
+
+
+def mde(se: float, df: int, alpha: float = ALPHA, power: float = POWER) -> float:
+    """Minimum detectable effect of a two-sided t test with standard error ``se``, ``df``
+    degrees of freedom: (t_{1−α/2, df} + t_{power, df}) · se."""
+    return float((sps.t.ppf(1 - alpha / 2, df) + sps.t.ppf(power, df)) * se)
+
+
+def paired_seed_test(diffs: list[float], alpha: float = ALPHA,
+                     floor_se: float | None = None) -> SeedTest:
+    """The paired t over seeds of per-seed differences ``diffs`` (points). ``floor_se``: the
+    items' own SE of the mean difference (clustered by item), which the seeds' SE may not
+    fall below: three seeds that differ by the same one item do not make a test certain."""
+    d = np.round(np.asarray(diffs, dtype=float), 9)  # exacts are shares: no float dust
+    k = len(d)
+    if k == 0:
+        raise ValueError("no seed to compare on")
+    mean = float(d.mean())
+    if k == 1:
+        return SeedTest(mean, math.nan, math.nan, None, 0, None, 1)
+    se = max(float(d.std(ddof=1) / math.sqrt(k)), floor_se or 0.0)
+    df = k - 1
+    crit = float(sps.t.ppf(1 - alpha / 2, df))
+    if se == 0.0:  # every seed differs by the same amount: no spread to weigh it against
+        p = 1.0 if mean == 0 else 0.0
+    else:
+        p = float(2 * sps.t.sf(abs(mean) / se, df))
+    return SeedTest(mean, mean - crit * se, mean + crit * se, p, df, mde(se, df, alpha), k)
+
+
+def holm(pvalues: list[float | None]) -> list[float | None]:
+    """Holm's step-down adjustment of ``pvalues`` (None entries are left out and kept)."""
+    idx = [i for i, p in enumerate(pvalues) if p is not None]
+    order = sorted(idx, key=lambda i: pvalues[i])  # type: ignore[arg-type, return-value]
+    m = len(order)
+    out: list[float | None] = list(pvalues)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))  # type: ignore[operator]
+        out[i] = running
+    return out
+
+
+def cluster_bootstrap(a: np.ndarray, b: np.ndarray, reps: int = 2000, seed: int = 0
+                      ) -> tuple[float, float]:
+    """95 % percentile interval of mean(a − b), points, resampling seeds and, within the
+    resample, items clustered by item. ``a``, ``b``: [seeds, items] scores in [0, 1]."""
+    d = 100.0 * (np.asarray(a, float) - np.asarray(b, float))
+    k, n = d.shape
+    rng = np.random.default_rng(seed)
+    means = np.empty(reps)
+    for r in range(reps):
+        rows = rng.integers(0, k, k)
+        cols = rng.integers(0, n, n)  # one item draw for every seed: items are clusters
+        means[r] = d[np.ix_(rows, cols)].mean()
+    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def verdict(test: SeedTest, p_adjusted: float | None, alpha: float = ALPHA) -> str:
+    """The words of a verdict: significant either way, no evidence either way (with what the
+    test could have seen), or descriptive only."""
+    if not test.testable:
+        return "descriptive only: one seed has no spread over seeds to test against"
+    p = p_adjusted if p_adjusted is not None else test.p
+    if p is not None and p < alpha:
+        return f"{'ahead' if test.diff > 0 else 'behind'}, significant (Holm p = {p:.3g})"
+    return (f"no evidence either way (Holm p = {p:.2g}; could detect ≥ {test.mde:.1f} "
+            "points)")

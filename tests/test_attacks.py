@@ -1,0 +1,124 @@
+"""The store and the scorer as attack surfaces: each attack that once worked, kept as a test."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from musketeers.cache.errors import UserError
+from musketeers.cache.items import Item
+from musketeers.tasks import build_items, check_items, score, task_spec
+from musketeers.tasks.forgeries import FORGERIES, measure
+
+
+@pytest.fixture(scope="module")
+def arithmetic_items():
+    return build_items("arithmetic:easier@direct", "val", 60)
+
+
+def _by_source(items: list[Item], source: str) -> Item:
+    return next(it for it in items if it.source == source)
+
+
+@pytest.mark.parametrize("forgery", ["nan", "NaN", "nanj", "-nan", "nan+nanj", "inf"])
+def test_non_finite_answers_no_longer_forge_complex_arithmetic(arithmetic_items, forgery):
+    it = _by_source(arithmetic_items, "complex_arithmetic")
+    assert score(it, f"<answer>{forgery}</answer>") == 0.0
+    assert score(it, f"<answer>{it.answer}</answer>") == 1.0  # the gold still scores
+
+
+def test_unevaluated_integral_and_restated_premise_score_nothing():
+    from musketeers.tasks.hardening import forged
+
+    entry = {"answer": "x**2/2 + C", "metadata": {"integrand": "x", "variable": "x"}}
+    assert forged("Integral(x, x)", entry) and not forged("x**2/2 + C", entry)
+    logic = {"answer": None, "metadata": {"premises": ["P", "(Q → P)"]}}
+    assert forged("(P)", logic) and forged("Q → P", logic) and not forged("(P ∨ Q)", logic)
+    # a gold that is itself non-finite or unevaluated is never refused
+    assert not forged("Integral(exp(x**2), x)", {"answer": "Integral(exp(x**2), x) + C"})
+
+
+PACKAGED = ("arithmetic", "algorithmic", "logic", "arithmetic:easier@direct",
+            "algorithmic:easier@direct", "logic:easy")
+
+
+@pytest.mark.parametrize("task", PACKAGED)
+def test_forgery_battery_scores_no_more_than_the_shortcuts(task):
+    for r in measure(build_items(task, "val", 40)):
+        name, worst = r.worst_forgery
+        assert set(r.forgery_score) == set(FORGERIES)
+        assert worst <= r.shortcut_baseline + 1e-9, (r.source, name, worst)
+
+
+def test_identical_precompute_spec_survives_a_store_round_trip():
+    # a tuple in a level's config used to read back as a list: the store could not reopen
+    for task in ("arithmetic:easier@direct", "arithmetic:easy", "algorithmic:easier@direct"):
+        spec = task_spec(task)
+        assert json.loads(json.dumps(spec)) == spec
+
+
+def test_edited_items_are_refused_before_anything_is_scored(arithmetic_items):
+    items = list(arithmetic_items)
+    check_items("arithmetic:easier@direct", "val", items)  # as generated: accepted
+    entry = json.loads(items[3].entry)
+    entry["metadata"]["source_dataset"] = "bitwise_arithmetic"
+    entry["metadata"]["problem"] = "(__import__('os').system('id'))"
+    items[3] = replace(items[3], source="bitwise_arithmetic", entry=json.dumps(entry))
+    with pytest.raises(UserError, match="row 3.*rebuild it: musketeers precompute"):
+        check_items("arithmetic:easier@direct", "val", items, fix="musketeers precompute --force")
+
+
+def test_an_edited_entry_cannot_hand_the_evaluator_code(tmp_path: Path):
+    """The store attack: an item claiming bitwise_arithmetic with code as its problem."""
+    target = tmp_path / "pwned"
+    entry = {"answer": "0x1", "metadata": {
+        "source_dataset": "bitwise_arithmetic",
+        "problem": f"(setattr(sys.modules['musketeers.tasks.sandbox'],'_DENIED',()), "
+                   f"__import__('os').system('id > {target}'))"}}
+    item = Item("x", "q", "", "0x1", json.dumps(entry), "bitwise_arithmetic")
+    assert score(item, "<answer>0x1</answer>") == 0.0
+    assert not target.exists()
+
+
+def test_the_sandbox_cannot_be_switched_off_from_inside(tmp_path: Path):
+    """Rebinding the module's globals or patching os.path no longer disarms the hook."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    attacks = {
+        "globals": "setattr(sandbox, '_DENIED', ()); setattr(sandbox, '_inside', "
+                   "lambda *a, **k: True); setattr(sandbox, '_PATH_EVENTS', {})",
+        "realpath": f"os.path.realpath = lambda p: {str(root)!r}",
+    }
+    code = "\n".join([
+        "import gc, json, os, sys",
+        "from musketeers.tasks import sandbox",
+        f"sandbox.confine({str(root)!r})",
+        f"for stmt in {list(attacks.values())!r}:",
+        "    exec(stmt)",
+        "refused = []",
+        f"for name, stmt in {{'system': 'os.system(\"touch {outside}/a\")', "
+        f"'open': 'open(\"{outside}/b\", \"w\")', 'gc': 'gc.get_objects()'}}.items():",
+        "    try:",
+        "        exec(stmt)",
+        "    except PermissionError:",
+        "        refused.append(name)",
+        "print(json.dumps(sorted(refused)))",
+    ])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert json.loads(out.stdout) == ["gc", "open", "system"], out.stderr[-500:]
+    assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize("key,value", [("lr", float("nan")), ("adapter_lr", float("inf")),
+                                       ("beta", float("nan")), ("temperature", float("inf"))])
+def test_non_finite_hyper_parameters_are_refused_before_anything_starts(key, value):
+    from musketeers.config import TrainConfig, validate
+
+    with pytest.raises(UserError, match=f"'{key}' must be a finite number"):
+        validate(TrainConfig(**{"task": "arithmetic", key: value}))

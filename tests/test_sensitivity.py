@@ -1,0 +1,175 @@
+"""What lets the project see expert help: the oracle control, honest controls, probes, tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from scipy import stats as sps
+
+from musketeers.cache.items import Item
+from musketeers.cache.prompts import oracle_view, render_text
+from musketeers.reports import stats
+from musketeers.reports.aggregate import load_runs
+from musketeers.reports.probes import identical_share, probe, run_probes, wilson
+from musketeers.reports.verdict_table import COMPARISONS, verdict_markdown, verdict_rows
+from musketeers.rollout import shuffle_within_groups
+
+
+# --- the oracle expert ------------------------------------------------------------------------
+
+def test_the_oracle_reads_the_gold_answer_and_is_a_control_in_no_real_team():
+    from musketeers.teams import EXPERTS, TEAMS, resolve_team
+
+    it = Item("i", "What is 2 + 3?", "Answer briefly.", "5", "{}", "chain_sum")
+    view = oracle_view(it)
+    assert view["question"].endswith("The answer is 5.") and view["system"] == it.system
+    oracles = {n for n, s in EXPERTS.items() if s.oracle}
+    assert oracles and all(EXPERTS[n].description.startswith("CONTROL") for n in oracles)
+    for team in TEAMS:
+        for roster in ("pocket", "paper", "tiny"):
+            has = {s.name for s in resolve_team(team, roster)} & oracles
+            assert bool(has) == (team == "oracle"), (team, roster)
+
+
+def test_an_oracle_experts_vectors_differ_from_its_twin_reading_the_question(tmp_path: Path):
+    from musketeers.cache.precompute import PrecomputeConfig, precompute_task
+    from musketeers.cache.reader import read_vectors
+    from musketeers.tasks import build_items, task_spec
+    from musketeers.teams import EXPERTS
+
+    task = "arithmetic:easier@direct"
+    splits = {s: build_items(task, s, 8) for s in ("train", "val")}
+    twin, oracle = EXPERTS["tiny-llama"], EXPERTS["oracle-tiny-llama"]
+    precompute_task(tmp_path, task, task_spec(task), splits, [twin, oracle],
+                    PrecomputeConfig(chunk_rows=4, router=False))
+    a, b = read_vectors(tmp_path, task, "val", [twin.name, oracle.name], "last")
+    assert a.shape == b.shape and not np.allclose(a, b)
+    # the same weights: the oracle differs only by what it reads (the gold answer)
+    from transformers import AutoTokenizer  # noqa: F401  (the tiny tokenizer is SmolLM2's)
+
+
+# --- controls that are controls ---------------------------------------------------------------
+
+def test_shuffled_rewards_keep_every_groups_rewards_and_move_them_within_it():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.5], [0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    moved = False
+    for seed in range(20):
+        out = shuffle_within_groups(rewards, seed)
+        for r, o in zip(rewards, out, strict=True):
+            assert sorted(r.tolist()) == sorted(o.tolist())  # the group's multiset kept
+        moved |= not torch.equal(out, rewards)
+    assert moved
+    # what it replaced: one permutation over the update changes which groups carry signal
+    flat = rewards.flatten()[torch.randperm(12, generator=torch.Generator().manual_seed(1))]
+    assert any(sorted(r.tolist()) != sorted(o.tolist())
+               for r, o in zip(rewards, flat.view(3, 4), strict=True))
+
+
+def test_embedding_scale_gives_every_context_token_the_target_rms():
+    from musketeers.methods import build_adapter
+
+    vectors = [torch.randn(3, 16), torch.randn(3, 24)]
+    near_zero = build_adapter("perceiver", [16, 24], 32, latents=4, d_model=32, heads=4)
+    scaled = build_adapter("perceiver", [16, 24], 32, latents=4, d_model=32, heads=4,
+                           target_rms=0.02)
+    rms = scaled(vectors).context.pow(2).mean(-1).sqrt()
+    assert torch.allclose(rms, torch.full_like(rms, 0.02), rtol=1e-4)
+    assert near_zero(vectors).context.abs().max() < 1e-5  # Eq. 11's start, unchanged
+
+
+# --- probes -----------------------------------------------------------------------------------
+
+def test_a_probe_finds_planted_information_and_not_in_constant_vectors():
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 200)
+    informative = rng.normal(size=(200, 8))
+    informative[:, 0] += 3.0 * y
+    n, acc, majority = probe(informative, list(y))
+    assert n == 200 and acc > majority + 0.3
+    constant = np.ones((200, 8))
+    n, acc, majority = probe(constant, list(y))
+    assert acc <= majority + 0.05 and identical_share(constant) == 1.0
+    assert identical_share(informative) == 0.0
+
+
+def test_probe_results_carry_an_interval_and_the_majority_baseline():
+    items = [Item(str(i), f"q{i}", "", str(i % 10 * (-1) ** i), "{}", f"s{i % 2}")
+             for i in range(100)]
+    x = np.array([[i % 2, (i % 10) / 10, 1.0] for i in range(100)], dtype=float)
+    rows = run_probes({("e", "last"): x}, items)
+    by = {r.target: r for r in rows}
+    assert by["source"].accuracy == 1.0 and by["source"].beats_majority
+    lo, hi = wilson(50, 100)
+    assert lo < 0.5 < hi and by["source"].low > by["source"].majority
+
+
+# --- statistics with power --------------------------------------------------------------------
+
+def test_the_paired_t_over_seeds_matches_scipy_and_has_k_minus_1_df():
+    a, b = [56.0, 57.5, 55.0], [50.0, 53.0, 52.5]
+    t = stats.paired_seed_test([x - y for x, y in zip(a, b, strict=True)])
+    ref = sps.ttest_rel(a, b)
+    assert t.df == 2 and t.p == pytest.approx(ref.pvalue)
+    half = sps.t.ppf(0.975, 2) * np.std(np.subtract(a, b), ddof=1) / np.sqrt(3)
+    assert t.high - t.diff == pytest.approx(half)
+    assert half > 2 * np.std(np.subtract(a, b), ddof=1) / np.sqrt(3)  # 4.30 SE, not 2
+
+
+def test_seeds_that_agree_exactly_still_carry_the_items_noise():
+    t = stats.paired_seed_test([-0.25, -0.25, -0.25], floor_se=1.4)
+    assert not t.p < 0.05 and t.mde == pytest.approx(stats.mde(1.4, 2))
+
+
+def test_one_seed_is_descriptive_only():
+    t = stats.paired_seed_test([3.0])
+    assert not t.testable and "descriptive only" in stats.verdict(t, None)
+
+
+def test_holm_adjusts_step_down_and_keeps_order():
+    assert stats.holm([0.01, 0.04, None, 0.03]) == [0.03, 0.06, None, 0.06]
+
+
+def test_not_significant_is_no_evidence_either_way_with_what_could_be_seen():
+    t = stats.paired_seed_test([1.0, -2.0, 0.5])
+    words = stats.verdict(t, t.p)
+    assert words.startswith("no evidence either way") and f"{t.mde:.1f}" in words
+    assert "equivalent" not in words and "within noise" not in words
+
+
+def test_the_cluster_bootstrap_covers_a_known_difference():
+    rng = np.random.default_rng(1)
+    b = (rng.random((3, 400)) < 0.5).astype(float)
+    a = np.maximum(b, (rng.random((3, 400)) < 0.2).astype(float))
+    low, high = stats.cluster_bootstrap(a, b, reps=500)
+    truth = 100 * (a - b).mean()
+    assert low < truth < high and low > 0
+
+
+def _run(root: Path, name: str, exact: float, **cfg) -> None:
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text(yaml.safe_dump({"budget": "t", "steps": 1, **cfg}))
+    (d / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward_mean": 0.1}) + "\n")
+    (d / "summary.json").write_text(json.dumps({"steps": 1}))
+    (d / "eval.json").write_text(json.dumps({"exact": exact, "score": exact, "n": 400}))
+
+
+def test_the_verdict_table_finds_cells_by_key_and_names_the_positive_control(tmp_path: Path):
+    base = dict(task="arithmetic:easier@direct", pooling="last", latents=8)
+    for s, (single, oracle, ctl) in enumerate([(0.56, 0.80, 0.57), (0.57, 0.84, 0.56),
+                                               (0.55, 0.79, 0.58)]):
+        _run(tmp_path, f"single{s}", single, method="single", seed=s, **base)
+        _run(tmp_path, f"oracle{s}", oracle, method="perceiver", team="oracle", seed=s, **base)
+        _run(tmp_path, f"ctl{s}", ctl, method="shuffled_experts", team="oracle", seed=s, **base)
+    rows = verdict_rows(load_runs(tmp_path), ["arithmetic"])
+    names = [r.comparison.name for r in rows]
+    assert names == ["oracle > Single", "oracle > its shuffled experts"]
+    assert all(r.test.diff > 20 and r.verdict.startswith("ahead, significant") for r in rows)
+    table = "\n".join(verdict_markdown(rows, {"arithmetic": "Arithmetic"}))
+    assert "oracle > Single (positive control) | Arithmetic | 81.00 | 56.00 | +25.00" in table
+    assert {c.name for c in COMPARISONS} >= {"oracle > Single", "Ours > shuffled experts"}
