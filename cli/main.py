@@ -20,7 +20,7 @@ app = typer.Typer(
 )
 
 # Each module exposes register(app); a module that is absent in a partial install is skipped.
-_COMMAND_MODULES = ("precompute", "train", "ablate", "demo", "fixtures", "teams")
+_COMMAND_MODULES = ("precompute", "train", "ablate", "demo", "fixtures", "teams", "tasks")
 
 
 def _register_commands() -> None:

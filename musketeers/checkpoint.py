@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from musketeers.cache.errors import UserError
 from musketeers.cache.experts import file_sha256
 
 KEEP = 2  # checkpoints kept; older ones are removed after a newer one is in place
@@ -136,7 +137,15 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module,
                     adapter: torch.nn.Module | None, optimizer: torch.optim.Optimizer,
                     scheduler: Any, generator: torch.Generator,
                     extra: dict[str, Any] | None = None) -> Path:
-    """Write the checkpoint after ``step`` steps atomically; returns its folder."""
+    """Write the checkpoint after ``step`` steps atomically; returns its folder. Weights that
+    are not finite are never written as a good checkpoint: every resume would start from them."""
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if adapter is not None:
+        trainable += [(f"adapter.{n}", p) for n, p in adapter.named_parameters()]
+    bad = next((n for n, p in trainable if not torch.isfinite(p.detach()).all()), None)
+    if bad is not None:
+        raise UserError(f"step {step}: {bad} is not finite; the checkpoint is not written and "
+                        f"the last good one in {checkpoint_dir(run_dir)} is kept")
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step:06d}"

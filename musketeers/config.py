@@ -27,6 +27,11 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Where C enters the policy's prefix (musketeers.policy.Policy.build_inputs).
 CONTEXT_POSITIONS = ("before_generation_prompt", "after_prompt", "before_prompt")
 CONTEXT_SCALES = ("init", "embedding")
+# sizes past which a run cannot start on any machine here (tensors of terabytes, or an
+# overflow): refused with a line instead of a traceback deep inside torch
+SIZE_LIMITS = {"group_size": 1024, "latents": 4096, "d_model": 65536, "heads": 1024,
+               "max_new_tokens": 131072, "prompts_per_micro": 4096, "grad_accum": 65536,
+               "inner_iters": 1024, "lora_r": 4096, "steps": 10_000_000}
 
 
 def opt(default: Any = MISSING, *, help: str, cli: bool | str = False, path: bool = False,
@@ -312,8 +317,12 @@ def validate(cfg: TrainConfig) -> None:
                 "latents", "d_model", "heads", "inner_iters", "lora_r", "save_every"):
         if getattr(cfg, key) < 1:
             raise UserError(f"config key '{key}' must be >= 1, got {getattr(cfg, key)}")
-    if cfg.seed < 0:  # numpy's and Python's seeding refuse negatives deep inside the run
-        raise UserError(f"config key 'seed' must be >= 0, got {cfg.seed}")
+    if not 0 <= cfg.seed < 2**32:  # numpy's seeding refuses anything else deep in the run
+        raise UserError(f"config key 'seed' must be in [0, 2**32), got {cfg.seed}")
+    for key, most in SIZE_LIMITS.items():
+        if getattr(cfg, key) > most:
+            raise UserError(f"config key '{key}' must be <= {most}, got {getattr(cfg, key)}; "
+                            "no run of this project needs more")
     _check_device(cfg.device)
     if cfg.threads is not None and cfg.threads < 1:
         raise UserError(f"config key 'threads' must be >= 1, got {cfg.threads}")

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from musketeers import checkpoint as ckpt
+from musketeers import runfolder
 from musketeers.build import PolicyFactory, build_components
 from musketeers.cache.devices import dtype_name
 from musketeers.cache.errors import UserError
@@ -41,11 +42,13 @@ def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = Fals
     cfg = read_run_config(run_dir)
     last = ckpt.latest_checkpoint(run_dir)
     if last is None:
-        raise UserError(f"{run_dir} has no checkpoint yet; train it with `musketeers train`")
+        raise UserError(f"{run_dir} has no checkpoint yet; continue its training with: "
+                        f"{runfolder.resume_command(run_dir)}")
     damage = ckpt.verify_checkpoint(last)
     if damage is not None:  # scoring damaged weights would publish a number nobody trained
         raise UserError(f"checkpoint {last} is damaged ({damage}); rewrite it from the newest "
                         f"intact one with: musketeers train --run-dir {run_dir} --resume")
+    runfolder.check_store(cfg, run_dir)  # as --resume does: never score on a replaced store
     data, policy, adapter = build_components(cfg, "val", limit=limit or cfg.eval_limit,
                                              policy_factory=policy_factory)
     ckpt.load_weights(last, policy.model, adapter)

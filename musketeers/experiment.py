@@ -60,6 +60,12 @@ DESIGN: tuple[Part, ...] = (
          ({"method": "single"}, {"method": "perceiver", "team": list(TEAMS)})),
     Part("controls", "every claim for Ours is stated against these (Table 1's control rows)",
          ({"method": ["shuffled_experts", "shuffled_reward"], "team": "default"},)),
+    # the positive control: an oracle expert reads the gold answer. If Ours with it does not
+    # beat Single and its own shuffled experts, no null result of a real team means anything
+    Part("positive_control", "the oracle team against Single and its shuffled experts",
+         ({"method": ["perceiver", "shuffled_experts"], "team": "oracle"},)),
+    Part("strong", "a team with an expert stronger than the policy, against the same controls",
+         ({"method": ["perceiver", "shuffled_experts"], "team": "strong"},)),
     Part("zero_context", "Table 1's zero-context row: C's information, or m more positions?",
          ({"method": "zero_context", "team": "default"},)),
     Part("baselines", "Table 1's other methods",

@@ -20,6 +20,7 @@ import contextlib
 import json
 import logging
 import os
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,8 @@ SPLIT = "train"  # what training reads; eval's val split is checked by its own r
 
 
 def resume_command(run: Path) -> str:
-    return f"musketeers train --run-dir {run} --resume"
+    """Pasted into a shell, it works: the path is quoted where it needs to be."""
+    return f"musketeers train --run-dir {shlex.quote(str(run))} --resume"
 
 
 def check_run_dir(run: Path) -> None:
@@ -63,7 +65,8 @@ def locked(run: Path) -> Iterator[None]:
             "to finish or pass another --run-dir")
     with disk_errors(run):
         run.parent.mkdir(parents=True, exist_ok=True)
-    with Lock(lock_path(run), busy=busy):
+    # keyed by the folder's resolved path: a symlink to a run folder is that run folder
+    with Lock(lock_path(run.resolve()), busy=busy):
         yield
 
 
@@ -129,19 +132,33 @@ def prepare(cfg: TrainConfig, run: Path, resume: bool) -> dict[str, Any]:
         if steps != cfg.steps:  # the LR schedule and the summary are sized by it
             raise UserError(f"--resume keeps the run's {steps} steps (asked {cfg.steps}); "
                             "keep its steps, or start a new --run-dir for another length")
-    saved_path = run / FINGERPRINTS
-    if saved_path.is_file():
-        saved = json.loads(saved_path.read_text())
-        diffs = _differences(saved, now)
-        if diffs:
-            where = store_path(cfg.cache_dir, cfg.task)
-            raise UserError(
-                f"store {where} is not the one {run} started on ({', '.join(diffs)} differ); "
-                f"pass --cache-dir {saved.get('cache_dir')}, the store it started on, or start "
-                "a new --run-dir")
-    else:  # a run from before fingerprints were recorded: from now on it is checked
+    if not check_store(cfg, run, now):  # a run from before fingerprints were recorded
         log.warning("%s has no %s; recording the store it resumes on", run, FINGERPRINTS)
     return now
+
+
+def check_store(cfg: TrainConfig, run: Path, now: dict[str, Any] | None = None) -> bool:
+    """Refuse a store that is not the one ``run`` trained on (resume and eval alike); False
+    when the run recorded no fingerprints to compare with."""
+    saved_path = run / FINGERPRINTS
+    if not saved_path.is_file():
+        return False
+    try:
+        saved = json.loads(saved_path.read_text("utf-8"))
+        if not isinstance(saved, dict):
+            raise ValueError("not a mapping")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UserError(f"{saved_path} is unreadable ({exc}); restore it from the published "
+                        f"copy of the run, or start a new --run-dir") from None
+    now = now if now is not None else store_fingerprints(cfg, expert_names_for(cfg))
+    diffs = _differences(saved, now)
+    if diffs:
+        where = store_path(cfg.cache_dir, cfg.task)
+        raise UserError(
+            f"store {where} is not the one {run} trained on ({', '.join(diffs)} differ); "
+            f"pass --cache-dir {saved.get('cache_dir')}, the store it trained on, or start "
+            "a new --run-dir")
+    return True
 
 
 def restore(run: Path, resume: bool, model, adapter, optimizer, scheduler, generator) -> int:

@@ -122,3 +122,83 @@ def test_non_finite_hyper_parameters_are_refused_before_anything_starts(key, val
 
     with pytest.raises(UserError, match=f"'{key}' must be a finite number"):
         validate(TrainConfig(**{"task": "arithmetic", key: value}))
+
+
+# --- run folders and published runs -----------------------------------------------------------
+
+def test_publishing_leaves_symlinked_artefacts_behind(tmp_path: Path):
+    from musketeers.reports.publish import publish_run
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("private key")
+    src, dest = tmp_path / "run", tmp_path / "published"
+    src.mkdir()
+    (src / "config.yaml").write_text("seed: 0\n")
+    (src / "error.txt").symlink_to(secret)
+    publish_run(src, dest)
+    assert (dest / "config.yaml").read_text() == "seed: 0\n"
+    assert not (dest / "error.txt").exists()
+
+
+def test_a_symlink_to_a_locked_run_folder_is_the_same_lock(planted_store, tmp_path: Path):
+    from musketeers.cache.store import Lock, lock_path
+    from musketeers.planted import planted_config
+    from musketeers.trainer import train
+
+    real = tmp_path / "real"
+    real.mkdir()
+    alias = tmp_path / "alias"
+    alias.symlink_to(real)
+    with Lock(lock_path(real)):
+        with pytest.raises(UserError, match="being trained by another process"):
+            train(planted_config("perceiver", 0, 1, planted_store, alias, threads=1), plot=False)
+
+
+def test_an_evaluation_of_an_earlier_checkpoint_is_not_the_runs_result(tmp_path: Path):
+    from musketeers.reports.grid import run_status
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({"status": "done", "steps": 400}))
+    (run / "eval.json").write_text(json.dumps({"exact": 0.5, "checkpoint": "step-000100"}))
+    assert run_status(run) == "trained"
+    (run / "eval.json").write_text(json.dumps({"exact": 0.5, "checkpoint": "step-000400"}))
+    assert run_status(run) == "done"
+
+
+def test_a_checkpoint_with_non_finite_weights_is_never_written(tmp_path: Path):
+    import torch
+
+    from musketeers import checkpoint as ckpt
+
+    model = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        model.weight[0, 0] = float("nan")
+    opt = torch.optim.AdamW(model.parameters())
+    with pytest.raises(UserError, match="weight is not finite; the checkpoint is not written"):
+        ckpt.save_checkpoint(tmp_path, 1, model, None, opt, None, torch.Generator())
+    assert ckpt.list_checkpoints(tmp_path) == []
+
+
+@pytest.mark.parametrize("key,value", [("seed", 2**32), ("group_size", 10**9),
+                                       ("latents", 10**7), ("d_model", 10**8)])
+def test_out_of_range_sizes_are_one_line_errors(key, value):
+    from musketeers.config import TrainConfig, validate
+
+    with pytest.raises(UserError, match=f"'{key}' must be"):
+        validate(TrainConfig(**{"task": "arithmetic", key: value}))
+
+
+def test_tasks_show_prints_each_datasets_shortcuts_and_forgeries():
+    from typer.testing import CliRunner
+
+    from musketeers.cli.main import app
+
+    out = CliRunner().invoke(app, ["tasks", "show", "arithmetic:easier@direct", "--limit", "40"],
+                             env={"COLUMNS": "250"})
+    assert out.exit_code == 0, out.output
+    for source in ("chain_sum", "complex_arithmetic", "decimal_chain_sum", "products"):
+        assert source in out.output
+    assert "constant exact" in out.output and "non-finite 0.00" in out.output
+    bad = CliRunner().invoke(app, ["tasks", "show", "arithmetc"])
+    assert isinstance(bad.exception, UserError) and "unknown task" in str(bad.exception)

@@ -12,13 +12,12 @@ import yaml
 from scipy import stats as sps
 
 from musketeers.cache.items import Item
-from musketeers.cache.prompts import oracle_view, render_text
+from musketeers.cache.prompts import oracle_view
 from musketeers.reports import stats
 from musketeers.reports.aggregate import load_runs
 from musketeers.reports.probes import identical_share, probe, run_probes, wilson
 from musketeers.reports.verdict_table import COMPARISONS, verdict_markdown, verdict_rows
 from musketeers.rollout import shuffle_within_groups
-
 
 # --- the oracle expert ------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from musketeers.tasks import (
 )
 from musketeers.tasks import reasoning_gym_tasks as rgt
 from musketeers.tasks.gsm8k import final_answer
+from musketeers.tasks.hardening import forged
 from musketeers.tasks.planted import planted_digit
 
 GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
@@ -77,7 +78,10 @@ def test_every_sub_dataset_gold_scores_one_from_stored_json(rg_items, task):
         assert len(gold) < MAX_ANSWER_CHARS
         if gold == "":  # RG 0.1.25 string_manipulation can produce "", which RG scores 0
             continue
-        assert score(it, f"<think>...</think>\n<answer>{gold}</answer>") == 1.0, it.source
+        # Reasoning Gym's own example conclusion is sometimes a premise restated, which
+        # infers nothing and is refused as a forgery (musketeers.tasks.hardening)
+        want = 0.0 if forged(gold, entry) else 1.0
+        assert score(it, f"<think>...</think>\n<answer>{gold}</answer>") == want, it.source
         assert score(it, "I do not know.") == 0.0
 
 

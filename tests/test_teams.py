@@ -22,11 +22,12 @@ from musketeers.teams import (
 
 SIZES = {  # (paper, pocket, tiny); pocket deviations are documented in teams.yaml notes
     "default": (3, 3, 3), "generalist": (5, 3, 5), "naive": (4, 4, 4), "llm": (3, 2, 3),
+    "strong": (3, 3, 3), "oracle": (4, 4, 4),
 }
 
 
 def test_names():
-    assert TEAMS == ("default", "generalist", "naive", "llm")
+    assert TEAMS == ("default", "generalist", "naive", "llm", "strong", "oracle")
     assert ROSTERS == ("pocket", "paper", "tiny")
 
 

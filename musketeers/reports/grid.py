@@ -230,11 +230,24 @@ def set_aside(runs_dir: Path, name: str, changed: dict[str, tuple[Any, Any]],
     return dest
 
 
+def of_final_checkpoint(run_dir: Path, name: str) -> bool:
+    """Whether the evaluation ``name`` exists and graded the run's last step: an evaluation
+    run while the run was still training graded an earlier checkpoint, and is redone."""
+    try:
+        ev = json.loads((run_dir / name).read_text())
+        steps = int(json.loads((run_dir / "summary.json").read_text()).get("steps") or 0)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return False
+    checkpoint = ev.get("checkpoint") if isinstance(ev, dict) else None
+    # evaluations from before the checkpoint was recorded are taken as they are
+    return checkpoint is None or checkpoint == f"step-{steps:06d}"
+
+
 def run_status(run_dir: Path, no_context: bool = False) -> str:
     """``done`` (trained and evaluated), ``trained`` (needs evaluation), ``failed``, ``missing``."""
     if is_finished(run_dir):
         evals = [eval_files(c)[0] for c in ((True, False) if no_context else (True,))]
-        return "done" if all((run_dir / e).is_file() for e in evals) else "trained"
+        return "done" if all(of_final_checkpoint(run_dir, e) for e in evals) else "trained"
     if (run_dir / "error.txt").is_file():
         return "failed"
     return "missing"

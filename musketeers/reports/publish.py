@@ -23,14 +23,24 @@ ARTEFACTS = ("config.yaml", "metrics.jsonl", "summary.json", "fingerprints.json"
              "error.txt", *eval_files(True), *eval_files(False))
 
 
+def regular_file(path: Path, folder: Path) -> bool:
+    """Whether ``path`` is a regular file inside ``folder``, not a link to anywhere: a
+    published folder is committed, so a symlinked artefact would publish what it points at."""
+    return (not path.is_symlink() and path.is_file()
+            and path.resolve().parent == folder.resolve())
+
+
 def publish_run(src: Path, dest: Path) -> None:
-    """Copy one finished run's artefacts from ``src`` to ``dest`` (replaced if it exists)."""
+    """Copy one finished run's artefacts from ``src`` to ``dest`` (replaced if it exists);
+    an artefact that is a symlink or not a regular file is left behind."""
+    if src.is_symlink():
+        return
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
     for name in ARTEFACTS:
-        if (src / name).is_file():
-            shutil.copy2(src / name, dest / name)
+        if regular_file(src / name, src):
+            shutil.copyfile(src / name, dest / name, follow_symlinks=False)
 
 
 def publish_runs(grid: Grid, runs_dir: Path, dest: Path) -> list[str]:

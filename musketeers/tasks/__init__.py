@@ -8,6 +8,7 @@ split from local jsonl; ``planted``: the synthetic planted-expert check.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +29,15 @@ from .reasoning_gym_tasks import (
 from .scoring import EXTRACTIONS, MAX_ANSWER_CHARS, extract_answer, score
 from .variants import BASE_TASKS, PROMPT_STYLES, parse_task, system_prompt
 
+log = logging.getLogger(__name__)
+
 # the base tasks (``--task all``); any of them may carry :LEVEL and @PROMPT (``variants``)
 TASKS: tuple[str, ...] = BASE_TASKS
 
 __all__ = [
     "EXTRACTIONS", "FAMILIES", "MAX_ANSWER_CHARS", "PROMPT_STYLES", "SPLITS", "TASKS", "Item",
-    "build_items", "check_disjoint", "check_items", "check_task", "extract_answer", "parse_task", "score",
-    "task_spec",
+    "build_items", "check_disjoint", "check_items", "check_task", "extract_answer", "parse_task",
+    "score", "task_spec",
 ]
 
 
@@ -94,7 +97,16 @@ def check_items(task: str, split: str, items: list[Item],
     """
     from musketeers.cache.items import items_fingerprint
 
-    expected = build_items(task, split, len(items), gsm8k_dir)
+    try:
+        expected = build_items(task, split, len(items), gsm8k_dir)
+    except UserError:
+        if parse_task(task).base != "gsm8k":
+            raise
+        # GSM8K is read from files this machine may not have; its scorer parses numbers in
+        # this process and evaluates nothing, so an unverified store can mislabel, not run code
+        log.warning("GSM8K files not found: the stored %s items are not checked against them",
+                    split)
+        return
     if items_fingerprint(expected) == items_fingerprint(items):
         return
     bad = next((i for i, (a, b) in enumerate(zip(items, expected, strict=False)) if a != b),

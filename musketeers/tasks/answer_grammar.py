@@ -19,8 +19,8 @@ Every other scorer of our families reads the answer with ``Decimal``, ``float``,
 ``json.loads``, string comparison or its own parser (``propositional_logic``), never ``eval``
 (checked against reasoning_gym 0.1.25's source; ``bitwise_arithmetic`` evals the problem from
 the entry, whose grammar is checked by ``entry_admits``, and reads the answer with
-``int(answer, 0)``); they have no answer grammar here. A test fails when a family dataset's ``score_answer`` mentions ``eval``,
-``parse_expr`` or ``sympify`` and has no grammar.
+``int(answer, 0)``); they have no answer grammar here. A test fails when a family dataset's
+``score_answer`` mentions ``eval``, ``parse_expr`` or ``sympify`` and has no grammar.
 """
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ def measure(items: list[Item], forgeries: bool = True) -> list[SourceReport]:
     reports = []
     for src, group in sorted(by_source.items()):
         const = constants.get(src)
-        const_exact, const_score = _best(group, lambda it: [] if const is None else [const])
+        const_exact, const_score = _best(group, lambda it, c=const: [] if c is None else [c])
         copy_exact, copy_score = _best(group, copies)
         scores = {name: _best(group, answers)[1] for name, answers in FORGERIES.items()} \
             if forgeries else {}
