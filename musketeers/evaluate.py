@@ -80,6 +80,9 @@ def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = Fals
         "n": len(samples),
         "completion_len": sum(s["tokens"] for s in samples) / n,
         "answered": sum(s["answer"] is not None for s in samples) / n,
+        # under lenient extraction "answered" counts last lines too: this is the tag alone
+        "tagged": sum(extract_answer(s["completion"], "strict") is not None
+                      for s in samples) / n,
         "truncated": sum(not s["ended"] for s in samples) / n,
         "context": not no_context and adapter is not None,
         "method": cfg.method,

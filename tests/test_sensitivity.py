@@ -120,8 +120,12 @@ def test_the_paired_t_over_seeds_matches_scipy_and_has_k_minus_1_df():
 
 
 def test_seeds_that_agree_exactly_still_carry_the_items_noise():
-    t = stats.paired_seed_test([-0.25, -0.25, -0.25], floor_se=1.4)
-    assert not t.p < 0.05 and t.mde == pytest.approx(stats.mde(1.4, 2))
+    t = stats.paired_seed_test([-0.25, -0.25, -0.25], item_se=1.4, items=400)
+    assert not t.p < 0.05 and t.df == pytest.approx(399)
+    assert t.mde == pytest.approx(stats.mde(1.4, 399))
+    # seeds that spread widely keep their k - 1 degrees of freedom, nearly
+    wide = stats.paired_seed_test([5.0, -4.0, 1.0], item_se=0.1, items=400)
+    assert 2.0 <= wide.df < 2.1
 
 
 def test_one_seed_is_descriptive_only():

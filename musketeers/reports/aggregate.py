@@ -91,7 +91,22 @@ class Run:
         ``<answer>`` to grade) or ``truncated`` (cut off at max_new_tokens); None when the
         eval.json was written before evaluation counted it."""
         share = None if self.eval is None else self.eval.get(key)
+        if share is None and key == "tagged":
+            share = self._tagged_from_samples()
         return None if share is None else 100.0 * float(share)
+
+    def _tagged_from_samples(self) -> float | None:
+        """The share of greedy completions with an ``<answer>…</answer>`` pair, read from the
+        kept completions (evaluations before ``tagged`` was counted)."""
+        from musketeers.tasks.scoring import extract_answer
+
+        path = self.path / eval_files(True)[1]
+        try:
+            rows = [json.loads(line) for line in path.read_text("utf-8").splitlines()]
+            return sum(extract_answer(r.get("completion"), "strict") is not None
+                       for r in rows) / len(rows) if rows else None
+        except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+            return None
 
     @property
     def wall_time(self) -> float:

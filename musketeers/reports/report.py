@@ -24,6 +24,7 @@ from musketeers.reports.tables import (
     table1_markdown,
     table2_markdown,
 )
+from musketeers.reports.verdict_table import verdict_markdown, verdict_rows
 from musketeers.reports.walltime import measured_wall_time, wall_time_by_stage
 
 
@@ -204,7 +205,9 @@ def answer_format(runs: list[Run]) -> list[str]:
     """Why greedy exact and score are low, when they are: completions without an
     ``<answer>`` score 0, and a completion cut off at max_new_tokens rarely reached one."""
     out = []
-    for key, what in (("answered", "wrote an `<answer>…</answer>` for the scorer to grade"),
+    for key, what in (("tagged", "wrote an `<answer>…</answer>` pair"),
+                      ("answered", "had an answer for the scorer to grade under the run's "
+                                   "extraction (lenient also takes a last line)"),
                       ("truncated", "ran out of new tokens before ending")):
         shares = [v for r in runs if (v := r.eval_share(key)) is not None]
         if shares:
@@ -243,6 +246,33 @@ def _old_evals(runs: list[Run]) -> list[str]:
             "evaluate them again (`musketeers eval`) for exact.".format(", ".join(old)), ""]
 
 
+def shortcut_lines(grid: Grid, limit: int = 400) -> list[str]:
+    """Each task of the grid beside what it gives away: the exact of the better shortcut (one
+    constant answer, or copying the input) per source dataset, on its first validation items,
+    so a method's exact is read against it (``musketeers tasks show`` has the details)."""
+    from musketeers.tasks import build_items
+    from musketeers.tasks.forgeries import measure
+
+    tasks = sorted({str(r.fields.get("task")) for r in grid.runs if r.fields.get("task")})
+    lines = []
+    for task in tasks:
+        try:
+            reports = measure(build_items(task, "val", limit), forgeries=False)
+        except Exception as exc:  # noqa: BLE001 - a task this machine cannot build (GSM8K files)
+            lines.append(f"- `{task}`: shortcuts not measured ({type(exc).__name__})")
+            continue
+        n = sum(r.items for r in reports)
+        overall = sum(r.shortcut_exact * r.items for r in reports) / n
+        worst = max(reports, key=lambda r: r.shortcut_exact)
+        lines.append(f"- `{task}`: a shortcut scores {100 * overall:.1f} % exact over {n} "
+                     f"validation items (highest: {worst.source}, {100 * worst.shortcut_exact:.1f}"
+                     " %)")
+    if not lines:
+        return []
+    return ["Shortcut baselines (best of one constant answer and copying the input, per "
+            "dataset):", "", *lines, ""]
+
+
 def report_dir(reports_dir: Path, grid: Grid) -> Path:
     """Where a grid's report (and its published runs, ``runs/``) live: reports_dir/<name>
     (the budget unless the grid YAML names itself)."""
@@ -268,7 +298,9 @@ def write_report(grid: Grid, runs_dir: Path, reports_dir: Path) -> Path:
         if old.name not in drawn:
             old.unlink()
     title = f"`{grid.budget}`" + (f" (grid `{grid.name}`)" if grid.name != grid.budget else "")
-    md = [f"# Ablations — budget {title}", "", "## What was run", "",
+    md = [f"# Ablations — budget {title}", "", "## Verdicts", "",
+          *verdict_markdown(verdict_rows(runs, list(TASKS), latents), TASK_TITLES), "",
+          *shortcut_lines(grid), "## What was run", "",
           *_what_was_run(grid, runs, Path(runs_dir)), "",
           f"Two metrics of the greedy validation completions: {METRIC_TEXT['exact']}, and "
           f"{METRIC_TEXT['score']}; {PAPER_METRIC}. ± is the sample standard deviation "

@@ -1,11 +1,13 @@
 """The tests behind every verdict: paired over training seeds, with the right degrees of freedom.
 
 Two methods trained on the same seeds and graded on the same items differ, per seed s, by
-d_s = mean_i(a_si − b_si). Those k numbers carry both noises a claim must clear: which items
-were graded and how the training seed fell. The test is the paired t over seeds (k − 1
-degrees of freedom, not the items' n − 1: with k = 3 the 95 % critical value is 4.30, not
-2); its interval, its p-value, and the **minimum detectable effect**: the true difference
-the test would find with 80 % power at its own noise, (t_{1−α/2} + t_{power}) · SE. A
+d_s = mean_i(a_si − b_si). Their spread carries the training seed's noise, with k − 1
+degrees of freedom (with k = 3 the 95 % critical value is 4.30, not 2). The items' noise is
+common to every seed, since every seed grades the same items, so the spread cannot show it:
+the items' SE of the seed-averaged difference, clustered by item, is added, and the degrees
+of freedom are Welch–Satterthwaite's over the two. Each test gives its interval, its p-value
+and the **minimum detectable effect**: the true difference it would find with 80 % power at
+its own noise, (t_{1−α/2} + t_{power}) · SE. A
 difference that is not significant is "no evidence either way, could detect ≥ MDE", never
 "equivalent". Across the claims of one report, p-values are adjusted by Holm's step-down
 method, which controls the family-wise error without assuming independence.
@@ -35,7 +37,7 @@ class SeedTest:
     low: float  # 95 % interval (t with k − 1 df); NaN on one seed
     high: float
     p: float | None  # two-sided; None on one seed (descriptive only)
-    df: int
+    df: float  # Welch–Satterthwaite's over the seeds' and the items' variance; 0 on one seed
     mde: float | None  # smallest true difference found with 80 % power; None on one seed
     seeds: int
 
@@ -44,17 +46,29 @@ class SeedTest:
         return self.p is not None
 
 
-def mde(se: float, df: int, alpha: float = ALPHA, power: float = POWER) -> float:
+def mde(se: float, df: float, alpha: float = ALPHA, power: float = POWER) -> float:
     """Minimum detectable effect of a two-sided t test with standard error ``se``, ``df``
     degrees of freedom: (t_{1−α/2, df} + t_{power, df}) · se."""
     return float((sps.t.ppf(1 - alpha / 2, df) + sps.t.ppf(power, df)) * se)
 
 
+def satterthwaite(parts: list[tuple[float, int]]) -> float:
+    """Welch–Satterthwaite degrees of freedom of a sum of variance estimates (var, df)."""
+    total = sum(v for v, _ in parts)
+    denom = sum(v * v / df for v, df in parts if df > 0 and v > 0)
+    return total * total / denom if denom > 0 else float("inf")
+
+
 def paired_seed_test(diffs: list[float], alpha: float = ALPHA,
-                     floor_se: float | None = None) -> SeedTest:
-    """The paired t over seeds of per-seed differences ``diffs`` (points). ``floor_se``: the
-    items' own SE of the mean difference (clustered by item), which the seeds' SE may not
-    fall below: three seeds that differ by the same one item do not make a test certain."""
+                     item_se: float | None = None, items: int = 0) -> SeedTest:
+    """The paired t over seeds of per-seed differences ``diffs`` (points).
+
+    Every seed grades the same items, so the items' share of the noise is common to all
+    seeds and their spread cannot show it: ``item_se`` (the SE of the seed-averaged
+    difference over ``items`` items, clustered by item) is added to the seeds' variance, and
+    the degrees of freedom are Welch–Satterthwaite's over the two (k − 1 where the seeds
+    dominate; three seeds that differ by the same one item do not make a test certain).
+    """
     d = np.round(np.asarray(diffs, dtype=float), 9)  # exacts are shares: no float dust
     k = len(d)
     if k == 0:
@@ -62,10 +76,13 @@ def paired_seed_test(diffs: list[float], alpha: float = ALPHA,
     mean = float(d.mean())
     if k == 1:
         return SeedTest(mean, math.nan, math.nan, None, 0, None, 1)
-    se = max(float(d.std(ddof=1) / math.sqrt(k)), floor_se or 0.0)
-    df = k - 1
+    parts = [(float(d.var(ddof=1) / k), k - 1)]
+    if item_se is not None and items > 1:
+        parts.append((item_se * item_se, items - 1))
+    se = math.sqrt(sum(v for v, _ in parts))
+    df = min(satterthwaite(parts), 10_000.0)
     crit = float(sps.t.ppf(1 - alpha / 2, df))
-    if se == 0.0:  # every seed differs by the same amount: no spread to weigh it against
+    if se == 0.0:  # every seed and item agree: no spread to weigh the difference against
         p = 1.0 if mean == 0 else 0.0
     else:
         p = float(2 * sps.t.sf(abs(mean) / se, df))

@@ -90,20 +90,21 @@ def pair_by_seed(tested: Cell, control: Cell) -> list[tuple[Run, Run]]:
             if (other := ctl.get(r.seed, only)) is not None]
 
 
-def item_se(pairs: list[tuple[Run, Run]], metric: str = "exact") -> float | None:
-    """SE (points) of the seed-averaged difference from the items alone, clustered by item:
-    each item's difference averaged over the seeds, then the SE of their mean. The floor
-    of a test's noise: seeds that happen to agree exactly do not make the items' noise go."""
+def item_se(pairs: list[tuple[Run, Run]], metric: str = "exact") -> tuple[float | None, int]:
+    """(SE in points, items) of the seed-averaged difference from the items alone, clustered
+    by item: each item's difference averaged over the seeds, then the SE of their mean."""
     files = [(a.path / eval_files()[1], b.path / eval_files()[1]) for a, b in pairs]
     if not all(fa.is_file() and fb.is_file() for fa, fb in files):
-        return None
+        return None, 0
     per_item: dict[str, list[float]] = {}
     for fa, fb in files:
         a, b = by_item(fa, metric), by_item(fb, metric)
         for i in set(a) & set(b):
             per_item.setdefault(i, []).append(a[i] - b[i])
     d = np.array([np.mean(v) for v in per_item.values() if len(v) == len(files)])
-    return float(100.0 * d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else None
+    if len(d) < 2:
+        return None, 0
+    return float(100.0 * d.std(ddof=1) / np.sqrt(len(d))), len(d)
 
 
 def verdict_rows(runs: list[Run], tasks: list[str], latents: int = 8,
@@ -118,8 +119,9 @@ def verdict_rows(runs: list[Run], tasks: list[str], latents: int = 8,
                 continue
             a = [r.value(tested.metric) for r, _ in pairs]
             b = [k.value(tested.metric) for _, k in pairs]
-            test = paired_seed_test([x - y for x, y in zip(a, b, strict=True)],
-                                    floor_se=item_se(pairs, tested.metric))
+            se, n = item_se(pairs, tested.metric)
+            test = paired_seed_test([x - y for x, y in zip(a, b, strict=True)], item_se=se,
+                                    items=n)
             rows.append(VerdictRow(c, task, float(np.mean(a)), float(np.mean(b)), test))
     for row, p in zip(rows, holm([r.test.p for r in rows]), strict=True):
         row.p_adjusted = p
@@ -141,8 +143,9 @@ def verdict_markdown(rows: list[VerdictRow], titles: dict[str, str]) -> list[str
         out.append(f"| {name} | {titles.get(r.task, r.task)} | {r.tested:.2f} | "
                    f"{r.control:.2f} | {t.diff:+.2f} | {interval} | {mde} | {r.verdict} |")
     out += ["", "Exact %, means over the seeds both cells ran; the difference is the mean of "
-            "the per-seed differences, tested by a paired t over seeds (k − 1 degrees of "
-            "freedom), 95 % interval, p Holm-adjusted over this table; smallest detectable: "
+            "the per-seed differences, tested by a paired t over seeds with the items' clustered "
+            "noise added (Welch–Satterthwaite degrees of freedom), 95 % interval, p "
+            "Holm-adjusted over this table; smallest detectable: "
             "the true difference this test finds with 80 % power. A row on one seed is "
             "descriptive only.", ""]
     seen = set()

@@ -1,0 +1,110 @@
+"""Can C carry an item's answer into the policy at all? The channel, trained by supervision.
+
+The positive control of RL (the oracle team) asks whether GRPO finds expert help that
+exists. This asks the question under it: with the policy frozen, can the adapter alone be
+trained to make the policy say the gold answer through C? The adapter is fitted by teacher
+forcing (maximise log π(gold completion | [x ‖ C])) on the train split, then the policy
+answers validation items greedily with C, with C built from another item's vectors (a
+derangement: the item information removed) and without C. If C from the item's own vectors
+beats both, the channel carries item information and what RL lacks is signal, not capacity.
+
+    python -m musketeers.bench.channel --task arithmetic:easier@direct --team oracle \\
+        --cache-dir stores/pocket --steps 150
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+
+import torch
+
+from musketeers.build import build_components
+from musketeers.config import resolve_config
+from musketeers.methods import derangement
+from musketeers.rollout import adapter_context, policy_score
+
+log = logging.getLogger("musketeers.channel")
+
+
+def gold_completion(policy, answer: str) -> list[int]:
+    """The completion the direct prompt asks for, ending in the policy's end of turn."""
+    ids = policy.tokenizer(f"<answer>{answer}</answer>", add_special_tokens=False)["input_ids"]
+    return ids + [policy.eos_ids[0]]
+
+
+def greedy_exact(cfg, policy, adapter, data, n: int, mode: str) -> float:
+    """Greedy exact on the first ``n`` items: C from each item's vectors (``own``), from
+    another item's (``shuffled``), or no C (``none``)."""
+    rows = torch.arange(min(n, len(data)))
+    items, vectors, router = data.batch(rows)
+    if mode == "shuffled":
+        perm = derangement(len(rows), 0)
+        vectors = [v[perm] for v in vectors]
+    right = 0
+    for lo in range(0, len(items), 32):
+        sl = slice(lo, lo + 32)
+        ctx = None
+        if mode != "none":
+            with torch.no_grad():
+                ctx, _ = adapter_context(adapter, [v[sl] for v in vectors], None, cfg.device)
+        comps = policy.generate(policy.encode_prompts(items[sl]), ctx, group_size=1,
+                                max_new_tokens=cfg.max_new_tokens, greedy=True)
+        right += sum(policy_score(it, policy.decode(c), cfg.extraction) >= 1.0
+                     for it, c in zip(items[sl], comps, strict=True))
+    return right / len(items)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--task", default="arithmetic:easier@direct")
+    ap.add_argument("--team", default="oracle")
+    ap.add_argument("--cache-dir", default="stores")
+    ap.add_argument("--policy", default="qwen2.5-coder-0.5b-instruct")
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--context-scale", default="embedding")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--eval-items", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    cfg = resolve_config(overrides=dict(
+        task=args.task, team=args.team, cache_dir=args.cache_dir, policy=args.policy,
+        budget="pocket", extraction="lenient", context_scale=args.context_scale,
+        dtype=args.dtype, seed=args.seed, run_dir="runs/channel"))
+    train, policy, adapter = build_components(cfg, "train")
+    val, _, _ = build_components(cfg, "val", limit=args.eval_items,
+                                 policy_factory=lambda _cfg: policy)
+    for p in policy.model.parameters():
+        p.requires_grad_(False)
+    opt = torch.optim.AdamW(adapter.parameters(), lr=args.lr, weight_decay=0.0)
+    g = torch.Generator().manual_seed(args.seed)
+    t0 = time.perf_counter()
+    for step in range(args.steps):
+        rows = torch.randint(0, len(train), (args.batch,), generator=g)
+        items, vectors, _ = train.batch(rows)
+        ctx, _ = adapter_context(adapter, vectors, None, cfg.device)
+        comps = [gold_completion(policy, it.answer or "") for it in items]
+        logp, mask = policy.completion_logprobs(policy.encode_prompts(items), ctx, comps)
+        loss = -(logp.sum() / mask.sum())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if (step + 1) % 10 == 0:
+            log.info("step %d/%d: gold NLL per token %.3f (%.0f s)", step + 1, args.steps,
+                     loss.item(), time.perf_counter() - t0)
+    adapter.eval()
+    out = {"task": args.task, "team": args.team, "steps": args.steps, "batch": args.batch,
+           "lr": args.lr, "context_scale": args.context_scale, "eval_items": args.eval_items,
+           **{f"exact_{m}": greedy_exact(cfg, policy, adapter, val, args.eval_items, m)
+              for m in ("own", "shuffled", "none")}}
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main()
