@@ -81,12 +81,28 @@ class OutputProjection(nn.Linear):
 class ExpertAlignment(nn.Module):
     """Eq. 6–7: z_i = h_i W_i with W_i: d_i → d per expert, stacked into V = (z_1, …, z_n)."""
 
-    def __init__(self, expert_dims: list[int], d: int):
+    def __init__(self, expert_dims: list[int], d: int, standardize: bool = False):
         super().__init__()
         if not expert_dims:
             raise ValueError("the adapter needs at least one expert")
         self.expert_dims = list(expert_dims)
         self.proj = nn.ModuleList(nn.Linear(d_i, d, bias=False) for d_i in expert_dims)
+        # An expert's pooled states share one large direction (~96 % of their norm for the
+        # pocket experts' last token): what differs between items is a small remainder. With
+        # ``standardize`` each dimension is centred and scaled by the train split's statistics
+        # (set once by ``fit_standardizer``, saved with the adapter) before Eq. 6.
+        self.standardize = standardize
+        if standardize:
+            for i, d_i in enumerate(expert_dims):
+                self.register_buffer(f"mean_{i}", torch.zeros(d_i))
+                self.register_buffer(f"std_{i}", torch.ones(d_i))
+
+    def fit_standardizer(self, vectors: list[torch.Tensor]) -> None:
+        """Per-dimension mean and std of each expert's vectors [N, d_i] (the train split)."""
+        for i, h in enumerate(vectors):
+            h = h.float()
+            getattr(self, f"mean_{i}").copy_(h.mean(0))
+            getattr(self, f"std_{i}").copy_(h.std(0).clamp_min(1e-6))
 
     def forward(self, vectors: list[torch.Tensor]) -> torch.Tensor:
         """[B, d_i] per expert → V [B, n, d]."""
@@ -99,6 +115,8 @@ class ExpertAlignment(nn.Module):
                 raise ValueError(
                     f"expert {i}: expected [B, {self.expert_dims[i]}], got {list(h.shape)}"
                 )
+            if self.standardize:
+                h = (h.float() - getattr(self, f"mean_{i}")) / getattr(self, f"std_{i}")
             z.append(w(h.to(dtype)))
         return torch.stack(z, dim=1)
 
@@ -141,13 +159,14 @@ class PerceiverAdapter(nn.Module):
         heads: int = 8,
         out_init_std: float = 1e-8,
         target_rms: float | None = None,
+        standardize: bool = False,
     ):
         super().__init__()
         if d_model % heads:
             raise ValueError(f"d_model={d_model} is not divisible by heads={heads}")
         self.heads = heads
         self.n_context = latents
-        self.align = ExpertAlignment(expert_dims, d_model)
+        self.align = ExpertAlignment(expert_dims, d_model, standardize)
         # Eq. 8. Unit-variance init (as in the reference Perceiver code): the queries start
         # distinct and Q = Q_lat W_Q is not so small that attention is stuck uniform.
         self.latents = nn.Parameter(torch.randn(latents, d_model))
@@ -185,10 +204,11 @@ class NoCrossAttnAdapter(nn.Module):
         d_model: int = 512,
         out_init_std: float = 1e-8,
         target_rms: float | None = None,
+        standardize: bool = False,
     ):
         super().__init__()
         self.n_context = len(expert_dims)
-        self.align = ExpertAlignment(expert_dims, d_model)
+        self.align = ExpertAlignment(expert_dims, d_model, standardize)
         self.ffn = FFN(d_model)
         self.out = OutputProjection(d_model, d_policy, out_init_std, target_rms)
 
@@ -217,11 +237,12 @@ class HardRoutingAdapter(nn.Module):
         out_init_std: float = 1e-8,
         tau: float = 1.0,
         target_rms: float | None = None,
+        standardize: bool = False,
     ):
         super().__init__()
         self.n_context = 1
         self.tau = tau
-        self.align = ExpertAlignment(expert_dims, d_model)
+        self.align = ExpertAlignment(expert_dims, d_model, standardize)
         self.router = nn.Linear(router_dim, len(expert_dims))
         self.ffn = FFN(d_model)
         self.out = OutputProjection(d_model, d_policy, out_init_std, target_rms)

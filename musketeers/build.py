@@ -106,7 +106,9 @@ def build_components(cfg: TrainConfig, split: str, *, limit: int | None = None,
     target = policy.embedding_rms if cfg.context_scale == "embedding" else None
     adapter = build_adapter(cfg.method, data.expert_dims, policy.embed_dim, latents=cfg.latents,
                             d_model=cfg.d_model, heads=cfg.heads, router_dim=router_dim,
-                            target_rms=target)
+                            target_rms=target, standardize=cfg.standardize_experts)
+    if cfg.standardize_experts and split == "train" and hasattr(adapter, "align"):
+        adapter.align.fit_standardizer(data.vectors)  # a checkpoint's own buffers win on load
     if adapter is not None:
         adapter.to(cfg.device)
     return data, policy, adapter

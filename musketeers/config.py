@@ -124,6 +124,10 @@ class TrainConfig:
     context_scale: str = opt("init", cli=True,
                              help="C's scale: init (Eq. 11 as written, near zero at first) or "
                                   "embedding (each token at the policy's embedding rms)")
+    standardize_experts: bool = opt(
+        False, cli="--standardize-experts/--no-standardize-experts",
+        help="centre and scale each expert dimension by the train split's statistics "
+             "before Eq. 6 (their shared direction otherwise dwarfs what differs by item)")
     # a different reward, named in reports (musketeers.tasks.scoring.EXTRACTIONS)
     extraction: str = opt("strict", cli=True,
                           help="how the graded answer is found: strict (the last "

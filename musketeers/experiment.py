@@ -63,7 +63,8 @@ DESIGN: tuple[Part, ...] = (
     # the positive control: an oracle expert reads the gold answer. If Ours with it does not
     # beat Single and its own shuffled experts, no null result of a real team means anything
     Part("positive_control", "the oracle team against Single and its shuffled experts",
-         ({"method": ["perceiver", "shuffled_experts"], "team": "oracle"},)),
+         ({"method": ["perceiver", "shuffled_experts"], "team": "oracle",
+           "eval_no_context": True},)),
     Part("strong", "a team with an expert stronger than the policy, against the same controls",
          ({"method": ["perceiver", "shuffled_experts"], "team": "strong"},)),
     Part("zero_context", "Table 1's zero-context row: C's information, or m more positions?",

@@ -110,8 +110,8 @@ def names() -> tuple[str, ...]:
 
 def build_adapter(method: str, expert_dims: list[int], d_policy: int, *, latents: int = 8,
                   d_model: int = 512, heads: int = 8, router_dim: int = 384,
-                  out_init_std: float = 1e-8, target_rms: float | None = None
-                  ) -> nn.Module | None:
+                  out_init_std: float = 1e-8, target_rms: float | None = None,
+                  standardize: bool = False) -> nn.Module | None:
     """The adapter g_φ of ``method``; None for the methods without context tokens.
     ``target_rms``: each context token's rms (``context_scale: embedding``), else Eq. 11's."""
     factory = get(method).adapter
@@ -119,7 +119,8 @@ def build_adapter(method: str, expert_dims: list[int], d_policy: int, *, latents
         return None
     return factory(expert_dims, d_policy, dict(latents=latents, d_model=d_model, heads=heads,
                                                router_dim=router_dim, out_init_std=out_init_std,
-                                               target_rms=target_rms))
+                                               target_rms=target_rms,
+                                               standardize=standardize))
 
 
 class ZeroContext(nn.Module):
@@ -141,17 +142,19 @@ class ZeroContext(nn.Module):
 def _perceiver(dims: list[int], d_policy: int, o: dict[str, Any]) -> nn.Module:
     return PerceiverAdapter(dims, d_policy, latents=o["latents"], d_model=o["d_model"],
                             heads=o["heads"], out_init_std=o["out_init_std"],
-                            target_rms=o["target_rms"])
+                            target_rms=o["target_rms"], standardize=o["standardize"])
 
 
 def _no_cross_attn(dims: list[int], d_policy: int, o: dict[str, Any]) -> nn.Module:
     return NoCrossAttnAdapter(dims, d_policy, d_model=o["d_model"],
-                              out_init_std=o["out_init_std"], target_rms=o["target_rms"])
+                              out_init_std=o["out_init_std"], target_rms=o["target_rms"],
+                              standardize=o["standardize"])
 
 
 def _hard_routing(dims: list[int], d_policy: int, o: dict[str, Any]) -> nn.Module:
     return HardRoutingAdapter(dims, d_policy, d_model=o["d_model"], router_dim=o["router_dim"],
-                              out_init_std=o["out_init_std"], target_rms=o["target_rms"])
+                              out_init_std=o["out_init_std"], target_rms=o["target_rms"],
+                              standardize=o["standardize"])
 
 
 def _zero_context(dims: list[int], d_policy: int, o: dict[str, Any]) -> nn.Module:
@@ -159,7 +162,7 @@ def _zero_context(dims: list[int], d_policy: int, o: dict[str, Any]) -> nn.Modul
 
 
 _NO_C = ("pooling", "latents", "context_position", "d_model", "heads", "adapter_lr",
-         "context_scale")
+         "context_scale", "standardize_experts")
 _VECTORS = frozenset({"vectors"})
 
 register(Method("perceiver", "Ours", _perceiver, _VECTORS, attention=True, routed=True,
@@ -183,7 +186,7 @@ register(Method("shuffled_reward", "Ours, shuffled reward (control)", _perceiver
 register(Method("zero_context", "Zero context (control)", _zero_context, _VECTORS,
                 control_of="perceiver",
                 ignores=("pooling", "context_position", "d_model", "heads", "adapter_lr",
-                         "context_scale"),
+                         "context_scale", "standardize_experts"),
                 summary="C = 0 at every step, nothing in φ trains: Single with m more positions"))
 register(Method("untrained", "Single, untrained (baseline)", None, ignores=("team", *_NO_C),
                 control_of="single", trains=False,

@@ -176,7 +176,7 @@ def test_bad_input_is_refused_in_one_line_before_anything_is_created(tmp_path, m
     cases = [
         (["--config", str(garbage)], "not UTF-8 text; pass a YAML file to --config"),
         (["--team-file", str(garbage), "--budget", "smoke"], "not UTF-8 text; pass a YAML team"),
-        (["--seed", "-1"], "'seed' must be >= 0, got -1"),
+        (["--seed", "-1"], "'seed' must be in [0, 2**32), got -1"),
         (["--device", "cuda"], "needs CUDA, which this machine lacks; pass --device cpu"),
         (["--device", "gpu0"], "unknown device 'gpu0'"),
         (["--team", "naive", "--experts", "a,b"], "--team and --experts both given; give one"),

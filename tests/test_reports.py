@@ -393,9 +393,13 @@ def test_report_states_how_much_learning_signal_the_runs_had(tmp_path: Path):
     assert "| 100% | 3.0 | 25 | 50 |" in row
     other = next(line for line in text.splitlines() if line.startswith(f"| {grid.runs[1].name} |"))
     assert "| 10% | " in other and " | — | — | " in other  # an eval.json without the counts
-    assert ("Answer format: of the greedy validation completions, 25% wrote an `<answer>…"
-            "</answer>` for the scorer to grade (25%–25% over 1 run with that count); 50% ran "
-            "out of new tokens") in text
+    assert ("Answer format: of the greedy validation completions, 25% had an answer for the "
+            "scorer to grade under the run's extraction (lenient also takes a last line) "
+            "(25%–25% over 1 run with that count); 50% ran out of new tokens") in text
+    # the tagged share is its own count (here: from eval.json, 0.75 of the answered)
+    ev.write_text(json.dumps({**json.loads(ev.read_text()), "tagged": 0.125}))
+    text = write_report(grid, runs_dir, tmp_path / "reports").read_text()
+    assert "12% wrote an `<answer>…</answer>` pair (12%–12% over 1 run" in text
     assert f"stopped answering (under 50% answered): {grid.runs[0].name} (25%)" in text
     assert text.count("stopped answering") == 1  # the runs that answered are not named
     assert "mostly ran out of new tokens" not in text  # 50% truncated is not over 50%

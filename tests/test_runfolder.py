@@ -64,7 +64,7 @@ def test_resume_refuses_another_store_and_accepts_a_moved_one(planted_store, tmp
     assert recorded["items"] and set(recorded["experts"]) == {"noise-a", "oracle", "noise-b"}
     other = tmp_path / "other"
     write_planted_store(other, n_train=64, n_val=16, seed=1)
-    with pytest.raises(UserError, match=f"not the one {run} started on .*expert noise-a.*"
+    with pytest.raises(UserError, match=f"not the one {run} trained on .*expert noise-a.*"
                                         f"pass --cache-dir {planted_store}"):
         train(small(other, run), resume=True, plot=False)
     assert len(metrics(run)) == 2

@@ -176,3 +176,25 @@ def test_the_verdict_table_finds_cells_by_key_and_names_the_positive_control(tmp
     table = "\n".join(verdict_markdown(rows, {"arithmetic": "Arithmetic"}))
     assert "oracle > Single (positive control) | Arithmetic | 81.00 | 56.00 | +25.00" in table
     assert {c.name for c in COMPARISONS} >= {"oracle > Single", "Ours > shuffled experts"}
+
+
+def test_standardized_experts_are_centred_by_the_train_split_and_saved_with_the_adapter(
+        tmp_path: Path):
+    from safetensors.torch import load_file, save_file
+
+    from musketeers.methods import build_adapter
+
+    g = torch.Generator().manual_seed(0)
+    shared = 50.0 * torch.randn(1, 16, generator=g)  # one large direction every item shares
+    train = [shared + torch.randn(64, 16, generator=g)]
+    ad = build_adapter("perceiver", [16], 32, latents=2, d_model=32, heads=4, standardize=True)
+    ad.align.fit_standardizer(train)
+    z = (train[0] - ad.align.mean_0) / ad.align.std_0
+    assert z.mean(0).abs().max() < 1e-4 and (z.std(0) - 1).abs().max() < 1e-4
+    save_file(dict(ad.state_dict()), str(tmp_path / "a.safetensors"))
+    fresh = build_adapter("perceiver", [16], 32, latents=2, d_model=32, heads=4,
+                          standardize=True)
+    fresh.load_state_dict(load_file(str(tmp_path / "a.safetensors")))
+    assert torch.equal(fresh.align.mean_0, ad.align.mean_0)
+    plain = build_adapter("perceiver", [16], 32, latents=2, d_model=32, heads=4)
+    assert "align.mean_0" not in plain.state_dict()  # older checkpoints stay loadable

@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--context-scale", default="embedding")
+    ap.add_argument("--standardize", action="store_true",
+                    help="centre and scale the expert vectors first (standardize_experts)")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--eval-items", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
@@ -75,7 +77,8 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = resolve_config(overrides=dict(
         task=args.task, team=args.team, cache_dir=args.cache_dir, policy=args.policy,
         budget="pocket", extraction="lenient", context_scale=args.context_scale,
-        dtype=args.dtype, seed=args.seed, run_dir="runs/channel"))
+        dtype=args.dtype, seed=args.seed, run_dir="runs/channel",
+        standardize_experts=args.standardize))
     train, policy, adapter = build_components(cfg, "train")
     val, _, _ = build_components(cfg, "val", limit=args.eval_items,
                                  policy_factory=lambda _cfg: policy)
@@ -84,6 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
     opt = torch.optim.AdamW(adapter.parameters(), lr=args.lr, weight_decay=0.0)
     g = torch.Generator().manual_seed(args.seed)
     t0 = time.perf_counter()
+    recent: list[float] = []
     for step in range(args.steps):
         rows = torch.randint(0, len(train), (args.batch,), generator=g)
         items, vectors, _ = train.batch(rows)
@@ -94,12 +98,15 @@ def main(argv: list[str] | None = None) -> dict:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        recent.append(loss.item())
         if (step + 1) % 10 == 0:
-            log.info("step %d/%d: gold NLL per token %.3f (%.0f s)", step + 1, args.steps,
-                     loss.item(), time.perf_counter() - t0)
+            log.info("step %d/%d: gold NLL per token %.3f over the last 10 steps (%.0f s)",
+                     step + 1, args.steps, sum(recent[-10:]) / 10, time.perf_counter() - t0)
     adapter.eval()
     out = {"task": args.task, "team": args.team, "steps": args.steps, "batch": args.batch,
            "lr": args.lr, "context_scale": args.context_scale, "eval_items": args.eval_items,
+           "standardize": args.standardize,
+           "nll_first10": sum(recent[:10]) / 10, "nll_last10": sum(recent[-10:]) / 10,
            **{f"exact_{m}": greedy_exact(cfg, policy, adapter, val, args.eval_items, m)
               for m in ("own", "shuffled", "none")}}
     print(json.dumps(out))
