@@ -31,7 +31,8 @@ CONTEXT_SCALES = ("init", "embedding")
 # overflow): refused with a line instead of a traceback deep inside torch
 SIZE_LIMITS = {"group_size": 1024, "latents": 4096, "d_model": 65536, "heads": 1024,
                "max_new_tokens": 131072, "prompts_per_micro": 4096, "grad_accum": 65536,
-               "inner_iters": 1024, "lora_r": 4096, "steps": 10_000_000}
+               "inner_iters": 1024, "lora_r": 4096, "steps": 10_000_000,
+               "adapter_warmup": 10_000_000}
 
 
 def opt(default: Any = MISSING, *, help: str, cli: bool | str = False, path: bool = False,
@@ -128,6 +129,11 @@ class TrainConfig:
         False, cli="--standardize-experts/--no-standardize-experts",
         help="centre and scale each expert dimension by the train split's statistics "
              "before Eq. 6 (their shared direction otherwise dwarfs what differs by item)")
+    # a lever beyond the paper: φ reads the experts before RL (musketeers.warmup)
+    adapter_warmup: int = opt(0, cli=True, help="teacher-forced steps that fit the adapter "
+                                                "alone to the train split's gold answers "
+                                                "before GRPO (0 = none, the paper's)")
+    adapter_warmup_lr: float = opt(1e-3, cli=True, help="the adapter warm-up's learning rate")
     # a different reward, named in reports (musketeers.tasks.scoring.EXTRACTIONS)
     extraction: str = opt("strict", cli=True,
                           help="how the graded answer is found: strict (the last "
@@ -330,13 +336,14 @@ def validate(cfg: TrainConfig) -> None:
     _check_device(cfg.device)
     if cfg.threads is not None and cfg.threads < 1:
         raise UserError(f"config key 'threads' must be >= 1, got {cfg.threads}")
-    if cfg.no_context_every < 0:
-        raise UserError(f"config key 'no_context_every' must be >= 0, got {cfg.no_context_every}")
+    for key in ("no_context_every", "adapter_warmup"):
+        if getattr(cfg, key) < 0:
+            raise UserError(f"config key '{key}' must be >= 0, got {getattr(cfg, key)}")
     if cfg.eval_limit is not None and cfg.eval_limit < 1:
         raise UserError(f"config key 'eval_limit' must be >= 1, got {cfg.eval_limit}")
     _one_of("context_scale", cfg.context_scale, CONTEXT_SCALES)
-    for key in ("beta", "lr", "adapter_lr", "weight_decay", "grad_clip", "clip_low",
-                "clip_high", "adam_eps", "temperature"):
+    for key in ("beta", "lr", "adapter_lr", "adapter_warmup_lr", "weight_decay", "grad_clip",
+                "clip_low", "clip_high", "adam_eps", "temperature"):
         # NaN compares false with everything: one update with lr nan makes every weight NaN
         if not math.isfinite(getattr(cfg, key)) or getattr(cfg, key) < 0:
             raise UserError(f"config key '{key}' must be a finite number >= 0, got "

@@ -162,7 +162,7 @@ def _zero_context(dims: list[int], d_policy: int, o: dict[str, Any]) -> nn.Modul
 
 
 _NO_C = ("pooling", "latents", "context_position", "d_model", "heads", "adapter_lr",
-         "context_scale", "standardize_experts")
+         "context_scale", "standardize_experts", "adapter_warmup", "adapter_warmup_lr")
 _VECTORS = frozenset({"vectors"})
 
 register(Method("perceiver", "Ours", _perceiver, _VECTORS, attention=True, routed=True,
@@ -186,7 +186,8 @@ register(Method("shuffled_reward", "Ours, shuffled reward (control)", _perceiver
 register(Method("zero_context", "Zero context (control)", _zero_context, _VECTORS,
                 control_of="perceiver",
                 ignores=("pooling", "context_position", "d_model", "heads", "adapter_lr",
-                         "context_scale", "standardize_experts"),
+                         "context_scale", "standardize_experts", "adapter_warmup",
+                         "adapter_warmup_lr"),
                 summary="C = 0 at every step, nothing in φ trains: Single with m more positions"))
 register(Method("untrained", "Single, untrained (baseline)", None, ignores=("team", *_NO_C),
                 control_of="single", trains=False,

@@ -56,6 +56,7 @@ from musketeers.runlog import (
     summarize,
     tensorboard,
 )
+from musketeers.warmup import warm_up_adapter, warms_up
 
 log = logging.getLogger("musketeers.train")
 
@@ -239,6 +240,10 @@ def _train(cfg: TrainConfig, resume: bool, policy_factory: PolicyFactory | None,
     generator = torch.Generator().manual_seed(cfg.seed)
     start = runfolder.restore(run, resume, policy.model, adapter, optimizer, scheduler, generator)
     runfolder.begin(cfg, run, fingerprints)
+    if start == 0 and warms_up(cfg, adapter):  # a resumed run's φ is its checkpoint's
+        warm = warm_up_adapter(cfg, policy, adapter, data)
+        with runfolder.disk_errors(run):
+            (run / "warmup.jsonl").write_text("".join(json.dumps(r) + "\n" for r in warm))
     with runfolder.disk_errors(run):  # a full disk is the one-line error, here as elsewhere
         # the dtype and device as resolved here: config.yaml keeps `auto`, which means
         # bf16 on one CPU and fp32 on another

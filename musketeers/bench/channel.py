@@ -25,14 +25,9 @@ from musketeers.build import build_components
 from musketeers.config import resolve_config
 from musketeers.methods import derangement
 from musketeers.rollout import adapter_context, policy_score
+from musketeers.warmup import gold_nll
 
 log = logging.getLogger("musketeers.channel")
-
-
-def gold_completion(policy, answer: str) -> list[int]:
-    """The completion the direct prompt asks for, ending in the policy's end of turn."""
-    ids = policy.tokenizer(f"<answer>{answer}</answer>", add_special_tokens=False)["input_ids"]
-    return ids + [policy.eos_ids[0]]
 
 
 def greedy_exact(cfg, policy, adapter, data, n: int, mode: str) -> float:
@@ -90,11 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
     recent: list[float] = []
     for step in range(args.steps):
         rows = torch.randint(0, len(train), (args.batch,), generator=g)
-        items, vectors, _ = train.batch(rows)
-        ctx, _ = adapter_context(adapter, vectors, None, cfg.device)
-        comps = [gold_completion(policy, it.answer or "") for it in items]
-        logp, mask = policy.completion_logprobs(policy.encode_prompts(items), ctx, comps)
-        loss = -(logp.sum() / mask.sum())
+        loss = gold_nll(policy, adapter, train, rows, cfg.device)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -1,0 +1,76 @@
+"""The adapter's warm-up (a lever beyond the paper): φ learns to read the experts before RL.
+
+GRPO reinforces what the policy already samples. An adapter that starts as a random map from
+the experts' vectors to C gives a pocket run (20 updates of 4 prompts) nothing it could learn
+to use, even from an expert that reads the gold answer. The warm-up fits φ alone by teacher
+forcing, the policy frozen: it maximises log π(gold completion | [x ‖ C]) on train items. Each
+method with an adapter that trains gets the same warm-up on the vectors it reads (its
+``shuffled_experts`` control on its deranged ones), so Ours and its controls stay comparable;
+only the train split's gold answers are read, never a validation item's.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from musketeers import methods
+from musketeers.config import TrainConfig
+from musketeers.data import SplitData, derived_seed
+from musketeers.rollout import adapter_context
+
+log = logging.getLogger("musketeers.warmup")
+_WARMUP_TAG = 0x3A2F  # derived_seed stream of the warm-up's item draws
+
+
+def gold_completion(policy, answer: str) -> list[int]:
+    """The completion a task's scorer grades as right: the tagged gold, then end of turn."""
+    ids = policy.tokenizer(f"<answer>{answer}</answer>", add_special_tokens=False)["input_ids"]
+    return ids + [policy.eos_ids[0]]
+
+
+def gold_nll(policy, adapter, data: SplitData, rows: torch.Tensor, device: str
+             ) -> torch.Tensor:
+    """Mean per-token NLL of the gold completions of ``rows`` given [x ‖ C] (grad through C)."""
+    items, vectors, router = data.batch(rows)
+    context, _ = adapter_context(adapter, vectors, router, device)
+    golds = [gold_completion(policy, it.answer or "") for it in items]
+    logp, mask = policy.completion_logprobs(policy.encode_prompts(items), context, golds)
+    return -(logp.sum() / mask.sum())
+
+
+def warms_up(cfg: TrainConfig, adapter) -> bool:
+    """Whether this run's adapter gets the warm-up: it has one, and the method trains it."""
+    return (cfg.adapter_warmup > 0 and adapter is not None and methods.get(cfg.method).trains
+            and any(p.requires_grad for p in adapter.parameters()))
+
+
+def warm_up_adapter(cfg: TrainConfig, policy, adapter, data: SplitData) -> list[dict[str, Any]]:
+    """``cfg.adapter_warmup`` AdamW steps on φ alone (lr ``adapter_warmup_lr``), a batch of
+    ``prompts_per_micro × grad_accum`` train items each; one metrics row per step. The policy's
+    weights, gradients and RNG are left as they were, so GRPO starts where it would have."""
+    frozen = [p for p in policy.model.parameters() if p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(False)
+    opt = torch.optim.AdamW(adapter.parameters(), lr=cfg.adapter_warmup_lr, weight_decay=0.0)
+    g = torch.Generator().manual_seed(derived_seed(cfg.seed, _WARMUP_TAG))
+    batch = cfg.prompts_per_micro * cfg.grad_accum
+    rows_out = []
+    try:
+        for step in range(cfg.adapter_warmup):
+            rows = torch.randint(0, len(data), (batch,), generator=g)
+            loss = gold_nll(policy, adapter, data, rows, cfg.device)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            rows_out.append({"warmup_step": step + 1, "gold_nll": loss.item()})
+            if (step + 1) % 10 == 0 or step + 1 == cfg.adapter_warmup:
+                recent = [r["gold_nll"] for r in rows_out[-10:]]
+                log.info("adapter warm-up %d/%d: gold NLL per token %.3f (last %d steps)",
+                         step + 1, cfg.adapter_warmup, sum(recent) / len(recent), len(recent))
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+    return rows_out
