@@ -166,6 +166,33 @@ def test_an_evaluation_of_an_earlier_checkpoint_is_not_the_runs_result(tmp_path:
     assert run_status(run) == "done"
 
 
+def test_the_grid_evaluates_the_final_checkpoint_over_an_earlier_evaluation(tmp_path: Path):
+    """An `eval` run mid-training left eval.json of step 1; the grid must redo it, not adopt it."""
+    import yaml
+
+    from musketeers.reports.fake import fake_train
+    from musketeers.reports.grid import load_grid, run_grid
+
+    path = tmp_path / "g.yaml"
+    path.write_text(yaml.safe_dump({"budget": "t", "seeds": [0],
+                                    "runs": [{"task": "arithmetic", "method": "single"}]}))
+    grid = load_grid(path)
+    runs = tmp_path / "runs"
+    run = runs / grid.runs[0].name
+    fake_train({**grid.runs[0].fields, "run_dir": str(run)}, steps=3)
+    (run / "eval.json").write_text(json.dumps({"exact": 0.9, "checkpoint": "step-000001"}))
+    graded: list[Path] = []
+
+    def evaluate(run_dir: Path, limit: int | None, context: bool) -> dict:
+        graded.append(run_dir)  # returns its result without writing it, as a fake may
+        return {"exact": 0.4, "checkpoint": "step-000003"}
+
+    result = run_grid(grid, runs, train_fn=lambda cfg: run, eval_fn=evaluate,
+                      config_fn=lambda fields: fields)
+    assert graded == [run] and result.evaluated == [grid.runs[0].name]
+    assert json.loads((run / "eval.json").read_text())["checkpoint"] == "step-000003"
+
+
 def test_a_checkpoint_with_non_finite_weights_is_never_written(tmp_path: Path):
     import torch
 
