@@ -179,7 +179,7 @@ def prepare_hints(g: zarr.Group) -> bool:
 def _reopen_bad(g: zarr.Group, flag: str) -> bool:
     """Clear the flags of corrupt chunks of the unit ``flag`` guards; whether work remains."""
     bad = corrupt_chunks(g, flag=flag)
-    if layout.is_complete(g, flag) and not bad:
+    if layout.is_complete(g, flag) and not bad and layout.done_flags(g, flag).all():
         return False
     for c in sorted(bad):
         layout.set_done(g, c, flag, done=False)
@@ -190,9 +190,11 @@ def _reopen_bad(g: zarr.Group, flag: str) -> bool:
 
 
 def finish(g: zarr.Group, dist: Dist, flag: str = layout.DONE) -> None:
-    """After every rank's chunks: rank 0 marks the unit complete if every flag is set."""
+    """After every rank's chunks: rank 0 records the unit's digests and marks it complete if
+    every flag is set."""
     dist.barrier()
     if dist.rank == 0 and layout.done_flags(g, flag).all():
+        layout.seal(g, flag)
         layout.mark_complete(g, flag)
     dist.barrier()
 
