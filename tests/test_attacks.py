@@ -115,6 +115,50 @@ def test_the_sandbox_cannot_be_switched_off_from_inside(tmp_path: Path):
     assert list(outside.iterdir()) == []
 
 
+# each runs after confine() in a fresh interpreter; ROOT and OUT are the sandbox and a folder
+# outside it. Every one must end in PermissionError and leave OUT empty.
+_INSIDE_ATTACKS = {
+    "patch a function's code": "f = lambda m, fl: True\n"
+                               "f.__code__ = (lambda m, fl: False).__code__",
+    "patch a function's defaults": "f = lambda p=1: p\nf.__defaults__ = (2,)",
+    "sys._getframe": "sys._getframe().f_back.f_locals",
+    "a traceback's frame": "try:\n    1 / 0\nexcept ZeroDivisionError as e:\n"
+                           "    e.__traceback__.tb_frame",
+    "a generator's frame": "(x for x in ()).gi_frame",
+    "reload fork_exec": "del sys.modules['_posixsubprocess']\nimport _posixsubprocess\n"
+                        "_posixsubprocess.fork_exec",
+    "patch what realpath calls": "import posixpath\n"
+                                 "posixpath.abspath = lambda p: ROOT + '/x'\n"
+                                 "posixpath._joinrealpath = lambda *a: (ROOT + '/x', True)\n"
+                                 "open(OUT + '/a', 'w')",
+    "patch builtins": "import builtins\nbuiltins.isinstance = lambda *a: False\n"
+                      "builtins.type = lambda *a: str\nopen(OUT + '/b', 'w')",
+}
+
+
+def test_an_evaluated_expression_cannot_reach_or_patch_the_sandbox(tmp_path: Path):
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    code = "\n".join([
+        "import json, sys",
+        "from musketeers.tasks import sandbox",
+        f"ROOT, OUT = {str(root.resolve())!r}, {str(outside)!r}",
+        "sandbox.confine(ROOT)",
+        "refused = []",
+        f"for name, stmt in {_INSIDE_ATTACKS!r}.items():",
+        "    try:",
+        "        exec(stmt, {'sys': sys, 'ROOT': ROOT, 'OUT': OUT})",
+        "    except PermissionError:",
+        "        refused.append(name)",
+        "open('inside', 'w').write('ok')",  # its own directory stays writable
+        "print(json.dumps(sorted(refused)))",
+    ])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert json.loads(out.stdout) == sorted(_INSIDE_ATTACKS), out.stderr[-800:]
+    assert list(outside.iterdir()) == [] and (root / "inside").read_text() == "ok"
+
+
 @pytest.mark.parametrize("key,value", [("lr", float("nan")), ("adapter_lr", float("inf")),
                                        ("beta", float("nan")), ("temperature", float("inf"))])
 def test_non_finite_hyper_parameters_are_refused_before_anything_starts(key, value):
