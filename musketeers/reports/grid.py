@@ -25,6 +25,7 @@ import yaml
 
 from musketeers import experiment, methods
 from musketeers.cache.errors import UserError
+from musketeers.reports.grid_yaml import check_grid, read_grid_yaml
 from musketeers.reports.ledger import discard, timed
 from musketeers.runlog import eval_files
 
@@ -132,9 +133,10 @@ def load_grid(
     path = grid_file(str(source)) if str(source) in BUDGETS else Path(source)
     if not path.is_file():
         raise UserError(f"no grid file {path}; pass --budget one of {', '.join(BUDGETS)}")
-    raw = yaml.safe_load(path.read_text()) or {}
+    raw = read_grid_yaml(path)
     if "parts" in raw:  # an overlay on the experiment design, not a list of runs
         raw = {**raw, "runs": experiment.overlay_runs(raw, path)}
+    check_grid(raw, path)
     budget = raw.get("budget", path.stem)
     defaults = dict(raw.get("defaults") or {})
     task_overrides = raw.get("task_overrides") or {}
