@@ -36,6 +36,7 @@ from musketeers.cache.zarrio import (
 
 FORMAT_VERSION = 1
 CHUNK_ROWS = 64
+BATCH_TOKENS = 8192  # precompute's default padded tokens per forward batch
 SPLITS: tuple[str, ...] = ("train", "val")  # every store, every task
 ITEMS = "items"
 ITEM_FIELDS = ("id", "question", "system", "answer", "entry", "source")

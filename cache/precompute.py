@@ -54,7 +54,7 @@ Rebuild = Callable[..., str]  # (experts=None) -> the ``--force`` command that r
 class PrecomputeConfig:
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
-    batch_tokens: int = 8192
+    batch_tokens: int = layout.BATCH_TOKENS
     chunk_rows: int = layout.CHUNK_ROWS
     max_length: int = 4096
     hints: bool = False
@@ -330,9 +330,11 @@ def precompute_task(cache_dir: str | Path, task: str, task_spec: dict,
 
     team = ",".join(st.expert_arg(s.name, s.kind, s.ref) for s in specs) or None
 
+    options = st.build_options(cfg.chunk_rows, cfg.batch_tokens, dtype_name(cfg.dtype))
+
     def rebuild(experts: str | None = None) -> str:
         return st.precompute_command(task, experts or team, cache_dir, force=True, limit=limit,
-                                     hints=cfg.hints)
+                                     hints=cfg.hints, options=options)
 
     # Rank 0 alone holds the store's lock for the whole sharded run: other ranks write only
     # their own chunks inside it, and a second, unrelated precompute is still refused.
@@ -345,7 +347,8 @@ def precompute_task(cache_dir: str | Path, task: str, task_spec: dict,
         if exc.errno != errno.ENOSPC:
             raise
         # Every chunk is flagged only after its writes: a rerun resumes where this one stopped.
-        resume = st.precompute_command(task, team, cache_dir, limit=limit, hints=cfg.hints)
+        resume = st.precompute_command(task, team, cache_dir, limit=limit, hints=cfg.hints,
+                                       options=options)
         raise UserError(f"no space left on device while writing {path}; free space, then "
                         f"resume with: {resume}") from None
     finally:

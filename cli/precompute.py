@@ -82,7 +82,7 @@ def info(task: Annotated[str | None, typer.Argument()] = None, cache_dir: CacheD
 
     from musketeers.cache.describe import describe
     from musketeers.cache.progress import console as rich_console
-    from musketeers.cache.store import disk_size
+    from musketeers.cache.store import disk_size, verify_command
     from musketeers.cache.zarrio import Damaged
 
     console = rich_console()
@@ -90,8 +90,8 @@ def info(task: Annotated[str | None, typer.Argument()] = None, cache_dir: CacheD
         try:
             store = describe(path)
         except Damaged:  # empty folder, unreadable root zarr.json
-            typer.echo(f"{path}: not a readable store; run: musketeers cache verify "
-                       f"{path.name.removesuffix('.zarr')}")
+            typer.echo(f"{path}: not a readable store; run: "
+                       f"{verify_command(path.name.removesuffix('.zarr'), cache_dir)}")
             continue
         table = Table(title=f"{path} ({human_size(disk_size(path))}, "
                             f"format {store.format_version})")
@@ -238,7 +238,13 @@ def repair_command(path: Path, problems: list, cache_dir: Path) -> str:
     """The precompute that repairs ``problems``: it recomputes exactly the damaged experts
     (``--force`` only where the root itself is unreadable, which loses the task spec)."""
     from musketeers.cache.layout import expert_at
-    from musketeers.cache.store import expert_arg, precompute_command, store_limit, stored_experts
+    from musketeers.cache.store import (
+        expert_arg,
+        precompute_command,
+        store_limit,
+        stored_experts,
+        stored_options,
+    )
 
     task = path.name.removesuffix(".zarr")
     root_bad = any(p.where == str(path) and "partial" not in p.message for p in problems)
@@ -249,7 +255,7 @@ def repair_command(path: Path, problems: list, cache_dir: Path) -> str:
     stored, hints = stored_experts(path)
     names = ",".join(dict.fromkeys(experts)) or stored
     return precompute_command(task, names, cache_dir, force=root_bad, limit=store_limit(path),
-                              hints=hints)
+                              hints=hints, options=stored_options(path))
 
 
 def _expert_ref(path: Path, split: str, name: str) -> tuple[str | None, str | None]:

@@ -184,7 +184,8 @@ def check_store(cfg: TrainConfig, run: Path, now: dict[str, Any] | None = None) 
         where = store_path(cfg.cache_dir, cfg.task)
         raise UserError(
             f"store {where} is not the one {run} trained on ({', '.join(diffs)} differ); "
-            f"pass --cache-dir {saved.get('cache_dir')}, the store it trained on, or start "
+            f"pass --cache-dir {shlex.quote(str(saved.get('cache_dir')))}, the store it trained "
+            "on, or start "
             "a new --run-dir")
     return True
 

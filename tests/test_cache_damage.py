@@ -179,3 +179,38 @@ def test_stray_partial_file_is_cleaned_by_precompute(pristine, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # zarr warns about the stray file on every listing
         assert not stray.exists() and verify_store(path) == []
+
+
+def test_the_repair_command_works_when_pasted(pristine, tmp_path, monkeypatch, capsys):
+    """Built with --chunk-rows 4 in a folder with a space: the printed command, pasted, carries
+    both and repairs the store (without them it was refused as built from other inputs)."""
+    import shlex
+
+    cache_dir = tmp_path / "my stores"
+    shutil.copytree(pristine, cache_dir)
+    path = st.store_path(cache_dir, "toy")
+    (path / EXPERT / "last/c/1/0").unlink()
+    with pytest.raises(UserError) as err:
+        reader.read_vectors(cache_dir, "toy", "train", ["tiny-gpt2"], "last")
+    verify, fix = re.search(r"run `(.*)` then: (.*)$", str(err.value)).groups()
+    code, out = run_cli(monkeypatch, capsys, *shlex.split(verify)[1:])
+    assert code == 1 and "missing chunk 1" in out
+    args = shlex.split(fix)
+    assert args[args.index("--cache-dir") + 1] == str(cache_dir)
+    assert "--chunk-rows" in args and "--dtype" in args
+    from musketeers import features
+
+    def same_items(task, **kw):  # "toy" is no packaged task: its items are the test's
+        from musketeers.cache.experts import TINY_EXPERTS
+        from musketeers.cache.precompute import PrecomputeConfig
+
+        cfg = PrecomputeConfig(chunk_rows=kw["chunk_rows"], batch_tokens=kw["batch_tokens"],
+                               router=False)
+        assert kw["cache_dir"] == cache_dir and kw["limit"] == 10
+        precompute_task(kw["cache_dir"], task, {}, {"train": make_items(10)},
+                        [s for s in TINY_EXPERTS if s.name in kw["experts"]], cfg)
+
+    monkeypatch.setattr(features, "precompute_features", same_items)
+    code, out = run_cli(monkeypatch, capsys, *args[1:])
+    assert code in (0, None), out
+    assert verify_store(path) == []
