@@ -184,6 +184,26 @@ def test_publishing_leaves_symlinked_artefacts_behind(tmp_path: Path):
     assert not (dest / "error.txt").exists()
 
 
+def test_a_symlinked_ledger_is_neither_published_nor_adopted(tmp_path: Path):
+    from musketeers.reports.grid import Grid
+    from musketeers.reports.ledger import ledger_path
+    from musketeers.reports.publish import adopt_published, publish_ledger
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text('{"private": "key"}\n')
+    grid = Grid(budget="t", description="", defaults={}, runs=[])
+    runs, published = tmp_path / "runs", tmp_path / "published"
+    runs.mkdir()
+    published.mkdir()
+    ledger_path(runs, "t").symlink_to(secret)
+    publish_ledger(grid, runs, published)
+    assert not ledger_path(published, "t").exists()
+    ledger_path(runs, "t").unlink()
+    ledger_path(published, "t").symlink_to(secret)
+    adopt_published(grid, runs, published)
+    assert not ledger_path(runs, "t").exists()
+
+
 def test_a_symlink_to_a_locked_run_folder_is_the_same_lock(planted_store, tmp_path: Path):
     from musketeers.cache.store import Lock, lock_path
     from musketeers.planted import planted_config
