@@ -193,12 +193,13 @@ def probe(
     from musketeers.cache import reader
     from musketeers.cache.progress import console as rich_console
     from musketeers.reports.probes import read_policy_right, run_probes
+    from musketeers.tasks import read_checked_items
     from musketeers.teams import resolve_team
 
     names = [e.strip() for e in experts.split(",") if e.strip()] if experts else None
     specs = resolve_team(team, roster, names, team_file)
     root = cache_root(cache_dir)
-    items = reader.read_items(root, task, split)
+    items = read_checked_items(root, task, split)  # what it labels, checked as training is
     right = read_policy_right(samples) if samples is not None else None
     vectors = {}
     for pooling in [p.strip() for p in poolings.split(",") if p.strip()]:
@@ -219,16 +220,14 @@ def probe(
 
 def _edited_items(path: Path, cache_dir: Path | None) -> str | None:
     """Why the store's items are not the ones its task generates, or None when they are."""
-    from musketeers.cache import reader
     from musketeers.cache.layout import SPLITS
-    from musketeers.tasks import check_items
+    from musketeers.tasks import read_checked_items
 
     task = path.name.removesuffix(".zarr")
     root = cache_root(cache_dir)
     try:
         for split in SPLITS:
-            check_items(task, split, reader.read_items(root, task, split),
-                        fix=reader.rebuild_command(root, task))
+            read_checked_items(root, task, split)
     except UserError as exc:
         return str(exc)
     return None

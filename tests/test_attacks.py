@@ -14,6 +14,7 @@ from musketeers.cache.errors import UserError
 from musketeers.cache.items import Item
 from musketeers.tasks import build_items, check_items, score, task_spec
 from musketeers.tasks.forgeries import FORGERIES, measure
+from musketeers.tasks.variants import DEFAULT_PROMPT, packaged_tasks
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +44,9 @@ def test_unevaluated_integral_and_restated_premise_score_nothing():
     assert not forged("Integral(exp(x**2), x)", {"answer": "Integral(exp(x**2), x) + C"})
 
 
-PACKAGED = ("arithmetic", "algorithmic", "logic", "arithmetic:easier@direct",
-            "algorithmic:easier@direct", "logic:easy")
+# every packaged base and level, each once: a prompt style changes what the experts read,
+# never how an answer is scored
+PACKAGED = tuple(packaged_tasks((DEFAULT_PROMPT,)))
 
 
 @pytest.mark.parametrize("task", PACKAGED)
@@ -55,11 +57,17 @@ def test_forgery_battery_scores_no_more_than_the_shortcuts(task):
         assert worst <= r.shortcut_baseline + 1e-9, (r.source, name, worst)
 
 
-def test_identical_precompute_spec_survives_a_store_round_trip():
-    # a tuple in a level's config used to read back as a list: the store could not reopen
-    for task in ("arithmetic:easier@direct", "arithmetic:easy", "algorithmic:easier@direct"):
-        spec = task_spec(task)
-        assert json.loads(json.dumps(spec)) == spec
+def test_an_identical_precompute_reopens_the_store_of_every_packaged_variant(tmp_path: Path):
+    """A tuple in a level's config used to read back as a list: the store could not reopen."""
+    from musketeers.cache.store import open_root, store_path
+
+    for task in packaged_tasks():
+        path = store_path(tmp_path, task)
+        open_root(path, task, task_spec(task))
+        before = (path / "zarr.json").read_bytes()
+        # no --force: a spec that differs from the one read back is refused
+        open_root(path, task, task_spec(task), rebuild="--force")
+        assert (path / "zarr.json").read_bytes() == before, task
 
 
 def test_edited_items_are_refused_before_anything_is_scored(arithmetic_items):
@@ -293,3 +301,21 @@ def test_tasks_show_prints_each_datasets_shortcuts_and_forgeries():
     assert "constant exact" in out.output and "non-finite 0.00" in out.output
     bad = CliRunner().invoke(app, ["tasks", "show", "arithmetc"])
     assert isinstance(bad.exception, UserError) and "unknown task" in str(bad.exception)
+
+
+def test_cache_probe_refuses_items_its_task_does_not_generate(tmp_path: Path):
+    import shutil
+
+    import zarr
+    from typer.testing import CliRunner
+
+    from musketeers.cli.main import app
+
+    fixtures = Path(__file__).resolve().parent / "fixtures"
+    shutil.copytree(fixtures / "arithmetic.zarr", tmp_path / "arithmetic.zarr")
+    question = zarr.open_group(tmp_path / "arithmetic.zarr", mode="r+")["val/items/question"]
+    question[0] = "What is 2 + 2? (edited)"
+    out = CliRunner().invoke(app, ["cache", "probe", "arithmetic", "--roster", "tiny",
+                                   "--cache-dir", str(tmp_path), "--poolings", "last"])
+    assert isinstance(out.exception, UserError)  # cli.main turns it into one line
+    assert "are not the ones the task generates" in str(out.exception)
