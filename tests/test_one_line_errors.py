@@ -187,3 +187,16 @@ def test_a_grid_entry_list_is_read_as_before(tmp_path: Path):
     path.write_text(yaml.safe_dump({"budget": "t", "seeds": [0, 1], "runs": [
         {"task": "arithmetic", "method": "single", "stage": 2, "seeds": "first"}]}))
     assert [r.stage for r in load_grid(path).runs] == [2]
+
+
+def test_another_store_is_refused_with_the_quoted_folder_it_trained_on(tmp_path: Path):
+    from musketeers.runfolder import FINGERPRINTS, check_store
+
+    old = tmp_path / "old stores; rm -rf ~"
+    (tmp_path / FINGERPRINTS).write_text(json.dumps({"cache_dir": str(old), "items": "a",
+                                                     "experts": {}}))
+    with pytest.raises(UserError) as err:
+        check_store(TrainConfig(task="arithmetic", cache_dir=str(tmp_path / "new")), tmp_path,
+                    now={"items": "b", "experts": {}})
+    pasted = shlex.split(str(err.value).split("pass ")[1].split(", the store")[0])
+    assert pasted == ["--cache-dir", str(old)]
