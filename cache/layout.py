@@ -7,8 +7,8 @@ their own inside an expert (``hints_done`` flags, then ``hints_complete``). A un
 with no fingerprint and set it once its arrays exist, so a store killed at any moment never
 presents unfinished rows as finished, and a unit without one reads as killed while created.
 
-Writers (precompute, and ``write_expert`` for stores not computed from models) and readers
-(the reader, ``cache verify``, ``cache info``, the grid's needs, a run's fingerprints) go
+Writers (precompute, and ``from_memory.write_expert`` for stores not made by models) and
+readers (the reader, ``cache verify``, ``cache info``, the grid's needs, a run's fingerprints) go
 through this module, so they cannot disagree on a path or on what "complete" means. The
 layout is pinned to ``FORMAT_VERSION`` by tests/test_store_format.py: change it, bump that.
 """
@@ -23,6 +23,7 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec
 
+from musketeers.cache import manifest
 from musketeers.cache.items import Item
 from musketeers.cache.zarrio import (
     Damaged,
@@ -31,11 +32,11 @@ from musketeers.cache.zarrio import (
     create_array,
     dense_writes,
     n_chunks,
-    require_container,
 )
 
 FORMAT_VERSION = 1
 CHUNK_ROWS = 64
+BATCH_TOKENS = 8192  # precompute's default padded tokens per forward batch
 SPLITS: tuple[str, ...] = ("train", "val")  # every store, every task
 ITEMS = "items"
 ITEM_FIELDS = ("id", "question", "system", "answer", "entry", "source")
@@ -48,6 +49,8 @@ HINTS = "hints"
 DONE, HINTS_FLAG = "done", "hints_done"  # hints are their own unit: flags, then hints_complete
 FLAGS = (DONE, HINTS_FLAG)
 _COMPLETE = {DONE: "complete", HINTS_FLAG: "hints_complete"}  # what each unit's flags finish
+# the attr holding each unit's per-chunk digests (``manifest``); items use DONE's
+_SHA256 = {DONE: "sha256", HINTS_FLAG: "hints_sha256"}
 
 
 # --- the root --------------------------------------------------------------------------------
@@ -63,6 +66,19 @@ def format_version(root: zarr.Group) -> Any:
 def same_root(root: zarr.Group, task_spec: dict) -> bool:
     """Whether a root was built in this format from this task spec (else it is rebuilt)."""
     return format_version(root) == FORMAT_VERSION and root.attrs.get("task_spec") == task_spec
+
+
+def store_splits(root: zarr.Group) -> tuple[str, ...]:
+    """The splits a store was built with (``write_items`` records each); every one of SPLITS
+    for a store from before they were recorded, as precompute always built both."""
+    return tuple(root.attrs.get("splits") or SPLITS)
+
+
+def _record_split(split_group: zarr.Group) -> None:
+    root = zarr.open_group(split_group.store, mode="r+")
+    splits = list(root.attrs.get("splits") or [])
+    if split_group.basename not in splits:
+        root.attrs["splits"] = sorted([*splits, split_group.basename])
 
 
 # --- paths -----------------------------------------------------------------------------------
@@ -137,14 +153,16 @@ def open_part(path: Path, split: str, part: str) -> zarr.Group:
 
 def write_items(split_group: zarr.Group, items: list[Item], fingerprint: str, chunk_rows: int):
     """Items of a split, written once per store, every chunk file (``dense_writes``: an empty
-    string is the fill value); ``items_fingerprint`` is set last."""
+    string is the fill value); their digests, then ``items_fingerprint``, are set last."""
     g = split_group.require_group(ITEMS)
     g.attrs.update({"n": len(items), "items_fingerprint": None})
     with dense_writes():
         for f in ITEM_FIELDS:
             values = np.array([getattr(it, f) or "" for it in items], dtype=object)
             create_array(g, f, (len(items),), str, chunk_rows)[:] = values
+    seal(g, DONE, fingerprint)
     g.attrs.update({"n": len(items), "items_fingerprint": fingerprint})
+    _record_split(split_group)
 
 
 def stored_items_fingerprint(g: zarr.Group | None) -> str | None:
@@ -276,6 +294,25 @@ def hints_complete(g: zarr.Group) -> bool:
     return HINTS in g and is_complete(g)
 
 
+def seal(g: zarr.Group, flag: str = DONE, fp: Any = None) -> None:
+    """Record the per-chunk digests of the unit ``flag`` guards (``manifest``), bound to its
+    path and fingerprint (``fp``: the items' fingerprint, set only after this). Written once
+    every chunk is done, just before ``complete``."""
+    bound = manifest.binding(g.path, fp if fp is not None else fingerprint(g))
+    g.attrs[_SHA256[flag]] = manifest.digests(g, unit_arrays(g, flag), bound)
+
+
+def manifest_mismatches(g: zarr.Group, chunks: list[int], flag: str = DONE) -> list[int] | None:
+    """Of ``chunks``, those whose rows differ from the unit's recorded digests; None when the
+    unit has none (built before they were recorded: only each file's crc can be checked)."""
+    recorded = g.attrs.get(_SHA256[flag])
+    if not isinstance(recorded, list):
+        return None
+    fp = fingerprint(g) if unit_kind(g) is not None else stored_items_fingerprint(g)
+    return manifest.mismatches(g, unit_arrays(g, flag), manifest.binding(g.path, fp), recorded,
+                               chunks)
+
+
 def fingerprint(g: zarr.Group | None) -> Any:
     """A unit's fingerprint (what it was computed from); None when absent or unfinished."""
     return g.attrs.get("fingerprint") if g is not None else None
@@ -316,34 +353,44 @@ def unit_damage(g: zarr.Group) -> str | None:
         except Exception:  # noqa: BLE001
             return f"array {name} has unreadable metadata"
     missing = [n for n in required_arrays(g) if n not in names]
-    return f"missing array {', '.join(missing)}" if missing else None
+    return f"missing array {', '.join(missing)}" if missing else shape_damage(g)
 
 
-# --- whole experts from memory ---------------------------------------------------------------
+def expected_shapes(g: zarr.Group, n: int) -> dict[str, tuple[int, ...]]:
+    """The shape each array of ``g`` must have for a split of ``n`` items (trailing sizes from
+    the unit's own ``d`` / ``n_layers`` where recorded)."""
+    n_layers, d, _ = expert_meta(g) if unit_kind(g) == EXPERTS else (None, None, None)
+    arrays = {name: g[name] for name in g.array_keys()}
+    rows = next((a.chunks[0] for k, a in arrays.items() if k not in FLAGS), CHUNK_ROWS)
+    want: dict[str, tuple[int, ...]] = {}
+    for name, arr in arrays.items():
+        if name in FLAGS:
+            want[name] = (n_chunks(n, rows),)
+        elif name in ("last", "first", "random") and d is not None:
+            want[name] = (n, d)
+        elif name in ("layers_last", "layers_mean") and None not in (d, n_layers):
+            want[name] = (n, n_layers + 1, d)
+        else:
+            want[name] = (n, *arr.shape[1:])
+    return want
 
-def write_expert(split_group: zarr.Group, name: str, arrays: dict[str, np.ndarray], *,
-                 fingerprint: Any, n_layers: int, d: int, dtype: str, hints: bool = False,
-                 chunk_rows: int = CHUNK_ROWS) -> zarr.Group:
-    """A whole, complete expert unit from arrays in memory, for stores not computed from
-    models (the planted check, the reads bench), in precompute's format and order: created
-    unfinished, arrays, fingerprint, every chunk file (an array not given is zeros: the reader
-    takes an absent chunk for a lost one), the flags, then ``complete``. Replaces the unit."""
-    allowed = set(EXPERT_ARRAYS) | ({HINTS} if hints else set())
-    if unknown := sorted(set(arrays) - allowed):
-        raise ValueError(f"not arrays of an expert unit: {unknown}")
-    if not arrays or fingerprint is None or (hints and HINTS not in arrays):
-        raise ValueError("write_expert needs rows, a fingerprint, and hints when hints=True")
-    n = len(next(iter(arrays.values())))
-    parent = require_container(split_group, EXPERTS)
-    if name in parent:
-        del parent[name]
-    with dense_writes():
-        g = create_unit(parent, name, fingerprint, lambda g: make_expert(
-            g, n, n_layers=n_layers, d=d, dtype=dtype, chunk_rows=chunk_rows, hints=hints))
-        for flag in unit_flags(g):
-            for arr in unit_arrays(g, flag):
-                g[arr][:] = arrays[arr] if arr in arrays else 0
-            g[flag][:] = 1
-            mark_complete(g, flag)
-    return g
 
+def shape_damage(g: zarr.Group) -> str | None:
+    """An array whose shape disagrees with its split's item count or the unit's d / n_layers
+    (an edited ``zarr.json``): its rows would be read against the wrong items."""
+    n = item_count(g) if g.basename == ITEMS else _split_items(g)
+    if n is None:
+        return None
+    for name, want in expected_shapes(g, n).items():
+        if g[name].shape != want:
+            return f"array {name} has shape {g[name].shape}, expected {want} for {n} items"
+    return None
+
+
+def _split_items(g: zarr.Group) -> int | None:
+    """The item count of the split a unit lies in; None when it cannot be read."""
+    try:
+        return item_count(zarr.open_group(g.store, path=f"{g.path.split('/')[0]}/{ITEMS}",
+                                          mode="r"))
+    except Exception:  # noqa: BLE001 - absent or damaged items are reported on their own
+        return None

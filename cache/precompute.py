@@ -54,7 +54,7 @@ Rebuild = Callable[..., str]  # (experts=None) -> the ``--force`` command that r
 class PrecomputeConfig:
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
-    batch_tokens: int = 8192
+    batch_tokens: int = layout.BATCH_TOKENS
     chunk_rows: int = layout.CHUNK_ROWS
     max_length: int = 4096
     hints: bool = False
@@ -179,7 +179,7 @@ def prepare_hints(g: zarr.Group) -> bool:
 def _reopen_bad(g: zarr.Group, flag: str) -> bool:
     """Clear the flags of corrupt chunks of the unit ``flag`` guards; whether work remains."""
     bad = corrupt_chunks(g, flag=flag)
-    if layout.is_complete(g, flag) and not bad:
+    if layout.is_complete(g, flag) and not bad and layout.done_flags(g, flag).all():
         return False
     for c in sorted(bad):
         layout.set_done(g, c, flag, done=False)
@@ -190,9 +190,11 @@ def _reopen_bad(g: zarr.Group, flag: str) -> bool:
 
 
 def finish(g: zarr.Group, dist: Dist, flag: str = layout.DONE) -> None:
-    """After every rank's chunks: rank 0 marks the unit complete if every flag is set."""
+    """After every rank's chunks: rank 0 records the unit's digests and marks it complete if
+    every flag is set."""
     dist.barrier()
     if dist.rank == 0 and layout.done_flags(g, flag).all():
+        layout.seal(g, flag)
         layout.mark_complete(g, flag)
     dist.barrier()
 
@@ -328,9 +330,11 @@ def precompute_task(cache_dir: str | Path, task: str, task_spec: dict,
 
     team = ",".join(st.expert_arg(s.name, s.kind, s.ref) for s in specs) or None
 
+    options = st.build_options(cfg.chunk_rows, cfg.batch_tokens, dtype_name(cfg.dtype))
+
     def rebuild(experts: str | None = None) -> str:
         return st.precompute_command(task, experts or team, cache_dir, force=True, limit=limit,
-                                     hints=cfg.hints)
+                                     hints=cfg.hints, options=options)
 
     # Rank 0 alone holds the store's lock for the whole sharded run: other ranks write only
     # their own chunks inside it, and a second, unrelated precompute is still refused.
@@ -343,7 +347,8 @@ def precompute_task(cache_dir: str | Path, task: str, task_spec: dict,
         if exc.errno != errno.ENOSPC:
             raise
         # Every chunk is flagged only after its writes: a rerun resumes where this one stopped.
-        resume = st.precompute_command(task, team, cache_dir, limit=limit, hints=cfg.hints)
+        resume = st.precompute_command(task, team, cache_dir, limit=limit, hints=cfg.hints,
+                                       options=options)
         raise UserError(f"no space left on device while writing {path}; free space, then "
                         f"resume with: {resume}") from None
     finally:

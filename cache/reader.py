@@ -27,7 +27,8 @@ def _fix(cache_dir: str | Path, task: str, experts: str | None = None, force: bo
     path = st.store_path(cache_dir, task)
     stored, has_hints = st.stored_experts(path)
     experts, hints = experts or stored, hints or has_hints
-    return st.precompute_command(task, experts, cache_dir, force, st.store_limit(path), hints)
+    return st.precompute_command(task, experts, cache_dir, force, st.store_limit(path), hints,
+                                 st.stored_options(path))
 
 
 def rebuild_command(cache_dir: str | Path, task: str) -> str:
@@ -58,8 +59,9 @@ def open_store(cache_dir: str | Path, task: str, experts: list[str] | None = Non
 
 def _damaged(cache_dir: str | Path, task: str, what: str, why: str,
              experts: str | None = None, hints: bool = False) -> UserError:
-    return UserError(f"{what} in store {task} is damaged ({why}); run `musketeers cache verify "
-                     f"{task}` then: {_fix(cache_dir, task, experts, hints=hints)}")
+    return UserError(f"{what} in store {task} is damaged ({why}); run `"
+                     f"{st.verify_command(task, cache_dir)}` then: "
+                     f"{_fix(cache_dir, task, experts, hints=hints)}")
 
 
 def _sound(g: zarr.Group, cache_dir: str | Path, task: str, experts: str | None = None,
@@ -102,7 +104,7 @@ def _read(arr: zarr.Array, cache_dir: str | Path, task: str, what: str,
     except Exception as exc:  # noqa: BLE001 - checksum or codec failure
         raise UserError(
             f"{what} in store {task} is corrupt ({type(exc).__name__}); run "
-            f"`musketeers cache verify {task}` then: {_fix(cache_dir, task, experts)}"
+            f"`{st.verify_command(task, cache_dir)}` then: {_fix(cache_dir, task, experts)}"
         ) from exc
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import shlex
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,19 +53,67 @@ def check_cache_dir(cache_dir: str | Path, create: bool = True) -> Path:
 
 
 def precompute_command(task: str, experts: str | None = None, cache_dir: str | Path | None = None,
-                       force: bool = False, limit: int | None = None, hints: bool = False) -> str:
+                       force: bool = False, limit: int | None = None, hints: bool = False,
+                       options: tuple[str, ...] = (), roster: str | None = None) -> str:
     """The one builder of every fix command: the ``musketeers precompute`` that fills (or, with
-    ``force``, rebuilds) a store, runnable as printed: ``--cache-dir`` unless it is the default
-    ``stores``, and the ``--limit`` the store holds (see ``store_limit``) so a repair never
-    builds a task's full item set into a small store."""
-    cmd = f"musketeers precompute --task {task}"
+    ``force``, rebuilds) a store, runnable as printed (every path quoted): ``--cache-dir``
+    unless it is the default ``stores``, the ``--limit`` the store holds (see ``store_limit``)
+    so a repair never builds a task's full item set into a small store, and the ``options``
+    its experts were computed with (``stored_options``) so a repair is not refused as built
+    from other inputs."""
+    cmd = f"musketeers precompute --task {shlex.quote(task)}"
     if experts:
-        cmd += f" --experts {experts}"
-    if cache_dir is not None and Path(cache_dir) != Path("stores"):
-        cmd += f" --cache-dir {cache_dir}"
+        cmd += f" --experts {shlex.quote(experts)}"
+    if roster is not None and roster != "pocket":
+        cmd += f" --roster {shlex.quote(roster)}"
+    if not is_default_cache(cache_dir):
+        cmd += f" --cache-dir {shlex.quote(str(cache_dir))}"
     if limit is not None:
         cmd += f" --limit {limit}"
+    cmd += "".join(f" {o}" for o in options)
     return cmd + (" --force" if force else "") + (" --hints" if hints else "")
+
+
+def is_default_cache(cache_dir: str | Path | None) -> bool:
+    return cache_dir is None or Path(cache_dir) == Path("stores")
+
+
+def verify_command(task: str, cache_dir: str | Path | None = None) -> str:
+    """``musketeers cache verify`` of one store, in its cache dir."""
+    where = "" if is_default_cache(cache_dir) else f" --cache-dir {shlex.quote(str(cache_dir))}"
+    return f"musketeers cache verify {shlex.quote(task)}{where}"
+
+
+def build_options(chunk_rows: int, batch_tokens: int, dtype: str | None) -> tuple[str, ...]:
+    """Precompute options that enter an expert's fingerprint: ``--dtype``, and the chunking
+    and batching where they are not the defaults."""
+    out = [f"--dtype {dtype}"] if dtype else []
+    if chunk_rows != layout.CHUNK_ROWS:
+        out.append(f"--chunk-rows {chunk_rows}")
+    if batch_tokens != layout.BATCH_TOKENS:
+        out.append(f"--batch-tokens {batch_tokens}")
+    return tuple(out)
+
+
+def stored_options(path: Path) -> tuple[str, ...]:
+    """``build_options`` of the first expert whose fingerprint records them; () for none."""
+    for split in layout.SPLITS:
+        try:
+            experts = layout.open_part(path, split, layout.EXPERTS)
+            names = child_names(experts)
+        except Exception:  # noqa: BLE001 - absent or damaged
+            continue
+        for name in names:
+            try:
+                fp = layout.fingerprint(experts[name]) or {}
+            except Exception:  # noqa: BLE001 - a damaged group says nothing
+                continue
+            pooling = fp.get("pooling") if isinstance(fp, dict) else None
+            if isinstance(pooling, dict):
+                return build_options(int(pooling.get("chunk_rows", layout.CHUNK_ROWS)),
+                                     int(pooling.get("batch_tokens", layout.BATCH_TOKENS)),
+                                     fp.get("dtype"))
+    return ()
 
 
 def expert_arg(name: str, kind: str | None = None, ref: str | None = None) -> str:

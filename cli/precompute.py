@@ -82,7 +82,7 @@ def info(task: Annotated[str | None, typer.Argument()] = None, cache_dir: CacheD
 
     from musketeers.cache.describe import describe
     from musketeers.cache.progress import console as rich_console
-    from musketeers.cache.store import disk_size
+    from musketeers.cache.store import disk_size, verify_command
     from musketeers.cache.zarrio import Damaged
 
     console = rich_console()
@@ -90,8 +90,8 @@ def info(task: Annotated[str | None, typer.Argument()] = None, cache_dir: CacheD
         try:
             store = describe(path)
         except Damaged:  # empty folder, unreadable root zarr.json
-            typer.echo(f"{path}: not a readable store; run: musketeers cache verify "
-                       f"{path.name.removesuffix('.zarr')}")
+            typer.echo(f"{path}: not a readable store; run: "
+                       f"{verify_command(path.name.removesuffix('.zarr'), cache_dir)}")
             continue
         table = Table(title=f"{path} ({human_size(disk_size(path))}, "
                             f"format {store.format_version})")
@@ -143,14 +143,19 @@ def _truncated(truncated: tuple[int, int] | None) -> str:
 
 @cache_app.command("verify")
 def verify(task: Annotated[str | None, typer.Argument()] = None, cache_dir: CacheDirOpt = None):
-    """Re-read every chunk; report corrupt arrays (with rows) and incomplete experts."""
-    from musketeers.cache.verify import verify_store
+    """Re-read every chunk against its crc and the digests recorded at build time; report
+    corrupt, swapped or missing chunks, edited shapes, lost splits or experts, incomplete units."""
+    from musketeers.cache.verify import inspect_store
 
     bad = 0
     for path in _store_paths(task, cache_dir):
-        problems = verify_store(path)
+        problems, notes = inspect_store(path)
         for p in problems:
             typer.echo(f"{path.name}: {p}")
+        if notes:  # a store from before manifests: still checked, by crc alone
+            typer.echo(f"{path.name}: note: {len(notes)} group(s) have no checksum manifest "
+                       "(built before they were recorded), so a chunk swapped for another "
+                       "valid one goes unnoticed; a rebuild with --force records one")
         if not problems and (edited := _edited_items(path, cache_dir)):
             typer.echo(f"{path.name}: {edited}")
             bad += 1
@@ -188,12 +193,13 @@ def probe(
     from musketeers.cache import reader
     from musketeers.cache.progress import console as rich_console
     from musketeers.reports.probes import read_policy_right, run_probes
+    from musketeers.tasks import read_checked_items
     from musketeers.teams import resolve_team
 
     names = [e.strip() for e in experts.split(",") if e.strip()] if experts else None
     specs = resolve_team(team, roster, names, team_file)
     root = cache_root(cache_dir)
-    items = reader.read_items(root, task, split)
+    items = read_checked_items(root, task, split)  # what it labels, checked as training is
     right = read_policy_right(samples) if samples is not None else None
     vectors = {}
     for pooling in [p.strip() for p in poolings.split(",") if p.strip()]:
@@ -214,16 +220,14 @@ def probe(
 
 def _edited_items(path: Path, cache_dir: Path | None) -> str | None:
     """Why the store's items are not the ones its task generates, or None when they are."""
-    from musketeers.cache import reader
     from musketeers.cache.layout import SPLITS
-    from musketeers.tasks import check_items
+    from musketeers.tasks import read_checked_items
 
     task = path.name.removesuffix(".zarr")
     root = cache_root(cache_dir)
     try:
         for split in SPLITS:
-            check_items(task, split, reader.read_items(root, task, split),
-                        fix=reader.rebuild_command(root, task))
+            read_checked_items(root, task, split)
     except UserError as exc:
         return str(exc)
     return None
@@ -233,7 +237,13 @@ def repair_command(path: Path, problems: list, cache_dir: Path) -> str:
     """The precompute that repairs ``problems``: it recomputes exactly the damaged experts
     (``--force`` only where the root itself is unreadable, which loses the task spec)."""
     from musketeers.cache.layout import expert_at
-    from musketeers.cache.store import expert_arg, precompute_command, store_limit, stored_experts
+    from musketeers.cache.store import (
+        expert_arg,
+        precompute_command,
+        store_limit,
+        stored_experts,
+        stored_options,
+    )
 
     task = path.name.removesuffix(".zarr")
     root_bad = any(p.where == str(path) and "partial" not in p.message for p in problems)
@@ -244,17 +254,19 @@ def repair_command(path: Path, problems: list, cache_dir: Path) -> str:
     stored, hints = stored_experts(path)
     names = ",".join(dict.fromkeys(experts)) or stored
     return precompute_command(task, names, cache_dir, force=root_bad, limit=store_limit(path),
-                              hints=hints)
+                              hints=hints, options=stored_options(path))
 
 
 def _expert_ref(path: Path, split: str, name: str) -> tuple[str | None, str | None]:
     """(kind, ref) of an expert group from its fingerprint; (None, None) if unreadable."""
     from musketeers.cache import layout
 
-    try:
-        return layout.expert_ref(layout.open_part(path, split, layout.expert_path(name)))
-    except Exception:  # noqa: BLE001 - damaged group: its name is all there is
-        return None, None
+    for where in dict.fromkeys((split, *layout.SPLITS)):  # a lost unit: its twin's reference
+        try:
+            return layout.expert_ref(layout.open_part(path, where, layout.expert_path(name)))
+        except Exception:  # noqa: BLE001 - damaged or absent group: try the next
+            continue
+    return None, None
 
 
 def register(app: typer.Typer) -> None:

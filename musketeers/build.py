@@ -75,11 +75,9 @@ def _load_base(spec, device: str, dtype: str):
 def team_specs(cfg: TrainConfig) -> list:
     """The run's expert specs: --experts / --team-file replace the named team (which always
     has a default)."""
-    from musketeers.teams import resolve_team
+    from musketeers.teams import run_team
 
-    team_file = Path(cfg.team_file) if cfg.team_file else None
-    team = None if (cfg.experts or team_file) else cfg.team
-    return resolve_team(team, cfg.roster, cfg.experts, team_file)
+    return run_team(cfg.team, cfg.roster, cfg.experts, cfg.team_file)
 
 
 def expert_names_for(cfg: TrainConfig) -> list[str]:

@@ -246,6 +246,15 @@ def load_checkpoint(folder: Path, model: torch.nn.Module, adapter: torch.nn.Modu
     return state
 
 
+def _aside_name(folder: Path) -> Path:
+    """``damaged-<name>``, numbered when that step was damaged and moved aside before."""
+    dest, n = folder.with_name(DAMAGED + folder.name), 1
+    while dest.exists():
+        n += 1
+        dest = folder.with_name(f"{DAMAGED}{folder.name}.{n}")
+    return dest
+
+
 def load_latest(run_dir: Path, model: torch.nn.Module, adapter: torch.nn.Module | None,
                 optimizer: torch.optim.Optimizer, scheduler: Any,
                 generator: torch.Generator) -> dict[str, Any] | None:
@@ -264,7 +273,7 @@ def load_latest(run_dir: Path, model: torch.nn.Module, adapter: torch.nn.Module 
             continue
         for bad in found[found.index(folder) + 1:]:
             # renamed, not deleted: the next save must not prune the intact one in their favour
-            bad.rename(bad.with_name(DAMAGED + bad.name))
+            bad.rename(_aside_name(bad))
         if damaged:
             log.warning("resuming from %s, the newest intact checkpoint; damaged ones renamed "
                         "%s*", folder, DAMAGED)

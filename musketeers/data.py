@@ -17,7 +17,7 @@ from musketeers import methods
 from musketeers.cache import reader
 from musketeers.cache.items import Item
 from musketeers.config import TrainConfig
-from musketeers.tasks import check_items
+from musketeers.tasks import read_checked_items
 
 HINTS_HEADER = "[Expert Hints]"
 
@@ -111,8 +111,7 @@ def load_split(cfg: TrainConfig, split: str, expert_names: list[str],
     if "vectors" in method.reads:
         arrays = reader.read_vectors(cfg.cache_dir, cfg.task, split, names, cfg.pooling,
                                      seed=cfg.seed)
-    items = reader.read_items(cfg.cache_dir, cfg.task, split)
-    check_items(cfg.task, split, items, fix=reader.rebuild_command(cfg.cache_dir, cfg.task))
+    items = read_checked_items(cfg.cache_dir, cfg.task, split)
     n = len(items) if limit is None else min(limit, len(items))
     items = items[:n]
     vectors: list[torch.Tensor] = []

@@ -15,6 +15,8 @@ gold answer, completion, extracted answer, score), so a low score can be read, n
 from __future__ import annotations
 
 import json
+import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -40,18 +42,14 @@ def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = Fals
     if limit is not None and limit < 1:
         raise UserError(f"--limit must be >= 1, got {limit}")
     cfg = read_run_config(run_dir)
-    last = ckpt.latest_checkpoint(run_dir)
-    if last is None:
-        raise UserError(f"{run_dir} has no checkpoint yet; continue its training with: "
-                        f"{runfolder.resume_command(run_dir)}")
-    damage = ckpt.verify_checkpoint(last)
-    if damage is not None:  # scoring damaged weights would publish a number nobody trained
-        raise UserError(f"checkpoint {last} is damaged ({damage}); rewrite it from the newest "
-                        f"intact one with: musketeers train --run-dir {run_dir} --resume")
+    _intact_last(run_dir)  # refused before any model loads
     runfolder.check_store(cfg, run_dir)  # as --resume does: never score on a replaced store
+    again = f"musketeers eval {shlex.quote(str(run_dir))}" + (" --no-context" * no_context)
+    # a folder it cannot write is refused now, not after the whole evaluation has run
+    runfolder.check_writable(run_dir, again)
     data, policy, adapter = build_components(cfg, "val", limit=limit or cfg.eval_limit,
                                              policy_factory=policy_factory)
-    ckpt.load_weights(last, policy.model, adapter)
+    last = load_newest(run_dir, policy.model, adapter)
     if adapter is not None:
         adapter.eval()  # hard routing: argmax instead of Gumbel sampling
     use_adapter = None if no_context else adapter
@@ -90,11 +88,54 @@ def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = Fals
         "checkpoint": last.name,
         "dtype": dtype_name(policy.dtype),  # as resolved on the machine that evaluated
     }
-    result_file, samples_file = eval_files(context=not no_context)
-    with open(run_dir / samples_file, "w") as f:
-        f.writelines(json.dumps(s) + "\n" for s in samples)
-    (run_dir / result_file).write_text(json.dumps(result, indent=2))
+    write_eval(run_dir, result, samples, no_context, again)
     return result
+
+
+def write_eval(run_dir: Path, result: dict[str, Any], samples: list[dict[str, Any]],
+               no_context: bool, again: str) -> None:
+    """Samples, then the result, each to a temporary file renamed into place: a full disk
+    leaves the earlier evaluation's files whole, never an empty or torn one."""
+    result_file, samples_file = eval_files(context=not no_context)
+    with runfolder.write_errors(run_dir, again):
+        for name, text in ((samples_file, "".join(json.dumps(s) + "\n" for s in samples)),
+                           (result_file, json.dumps(result, indent=2))):
+            tmp = run_dir / f"{name}.tmp"
+            try:
+                tmp.write_text(text)
+                os.replace(tmp, run_dir / name)
+            finally:
+                tmp.unlink(missing_ok=True)
+
+
+def _intact_last(run_dir: Path) -> Path:
+    """The newest checkpoint, refused when absent or damaged."""
+    last = ckpt.latest_checkpoint(run_dir)
+    if last is None:
+        raise UserError(f"{run_dir} has no checkpoint yet; continue its training with: "
+                        f"{runfolder.resume_command(run_dir)}")
+    damage = ckpt.verify_checkpoint(last)
+    if damage is not None and last.exists():  # scoring damaged weights: a number nobody trained
+        raise UserError(f"checkpoint {last} is damaged ({damage}); rewrite it from the newest "
+                        f"intact one with: {runfolder.resume_command(run_dir)}")
+    return last
+
+
+def load_newest(run_dir: Path, model: torch.nn.Module, adapter: torch.nn.Module | None,
+                tries: int = 5) -> Path:
+    """Load the newest checkpoint's weights. A training still running prunes old checkpoints
+    as it saves new ones: one that vanishes while it is read is replaced by the newer one."""
+    for _ in range(tries):
+        last = _intact_last(run_dir)
+        try:
+            ckpt.load_weights(last, model, adapter)
+            return last
+        except Exception:  # noqa: BLE001 - a file gone mid-read: pruned, unless it is there
+            if last.exists():
+                raise
+    raise UserError(f"{run_dir}'s checkpoints kept being replaced while they were read; "
+                    f"evaluate it once training has ended: musketeers eval "
+                    f"{shlex.quote(str(run_dir))}")
 
 
 def length_batches(prompts: list[list[int]], batch_size: int) -> list[torch.Tensor]:

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from musketeers.cache import layout
+from musketeers.cache import from_memory, layout
 from musketeers.cache import store as st
 from musketeers.cache.devices import resolve_dtype
 from musketeers.cache.errors import UserError
@@ -82,10 +82,10 @@ def write_planted_store(cache_dir: Path, *, n_train: int = 512, n_val: int = 128
         for name, vec in planted_vectors(digits, seed, split).items():
             layers = np.stack([np.zeros_like(vec), vec], axis=1)  # L = 1: embeddings, then vec
             # no prompts: n_tokens, random_pos and truncated stay zeros
-            layout.write_expert(sg, name, {"last": vec, "first": vec, "random": vec,
-                                           "layers_last": layers, "layers_mean": layers},
-                                fingerprint={"planted": name, "seed": seed}, n_layers=1, d=DIM,
-                                dtype="float32")
+            arrays = {"last": vec, "first": vec, "random": vec, "layers_last": layers,
+                      "layers_mean": layers}
+            from_memory.write_expert(sg, name, arrays, fingerprint={"planted": name, "seed": seed},
+                                     n_layers=1, d=DIM, dtype="float32")
     write_team_file(cache_dir)
     return path
 

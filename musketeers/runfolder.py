@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import zarr
+from safetensors import SafetensorError
 
 from musketeers import checkpoint as ckpt
 from musketeers import methods
@@ -49,9 +50,14 @@ def resume_command(run: Path) -> str:
 
 def check_run_dir(run: Path) -> None:
     """Refuse a run folder that cannot be one, before anything loads or is created."""
-    if run.exists() and not run.is_dir():
+    try:
+        is_file = run.exists() and not run.is_dir()
+        existing = next(p for p in (run, *run.parents) if p.exists())
+    except OSError as exc:  # a name past NAME_MAX, a path past PATH_MAX
+        raise UserError(f"run dir {run} cannot be used ({exc.strerror}); pass a shorter "
+                        "--run-dir") from None
+    if is_file:
         raise UserError(f"run dir {run} is a file; pass a folder with --run-dir")
-    existing = next(p for p in (run, *run.parents) if p.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise UserError(f"run dir {run} cannot be created under {existing} (not a writable "
                         "folder); pass another --run-dir")
@@ -76,10 +82,32 @@ def disk_errors(run: Path) -> Iterator[None]:
     the one-line fix; the run's last checkpoint is intact, so --resume continues it."""
     try:
         yield
-    except (OSError, RuntimeError) as exc:
+    except (OSError, RuntimeError, SafetensorError) as exc:  # safetensors' own error type
         why = (str(exc).splitlines() or [type(exc).__name__])[0]
         raise UserError(f"disk full or unwritable: writing {run} failed ({why}); free space and "
                         f"run again with --resume: {resume_command(run)}") from None
+
+
+def check_writable(run: Path, again: str) -> None:
+    """Refuse a folder this process cannot write before work whose result would be lost (a
+    real write: as root, permission bits say nothing)."""
+    probe = run / f".write-probe-{os.getpid()}"
+    try:
+        probe.open("x").close()
+        probe.unlink()
+    except OSError as exc:
+        raise UserError(f"run folder {run} is not writable ({exc.strerror}); make it writable "
+                        f"(chmod u+w {shlex.quote(str(run))}) and run again: {again}") from None
+
+
+@contextlib.contextmanager
+def write_errors(run: Path, again: str) -> Iterator[None]:
+    """A failed write (full disk, read-only folder) becomes one line naming the rerun."""
+    try:
+        yield
+    except OSError as exc:
+        raise UserError(f"disk full or unwritable: writing {run} failed ({exc.strerror or exc}); "
+                        f"free space and run again: {again}") from None
 
 
 def has_run(run: Path) -> bool:
@@ -145,8 +173,8 @@ def check_store(cfg: TrainConfig, run: Path, now: dict[str, Any] | None = None) 
         return False
     try:
         saved = json.loads(saved_path.read_text("utf-8"))
-        if not isinstance(saved, dict):
-            raise ValueError("not a mapping")
+        if not isinstance(saved, dict) or not isinstance(saved.get("experts", {}), dict):
+            raise ValueError("not a mapping of the store's fingerprints")
     except (ValueError, UnicodeDecodeError) as exc:
         raise UserError(f"{saved_path} is unreadable ({exc}); restore it from the published "
                         f"copy of the run, or start a new --run-dir") from None
@@ -156,7 +184,8 @@ def check_store(cfg: TrainConfig, run: Path, now: dict[str, Any] | None = None) 
         where = store_path(cfg.cache_dir, cfg.task)
         raise UserError(
             f"store {where} is not the one {run} trained on ({', '.join(diffs)} differ); "
-            f"pass --cache-dir {saved.get('cache_dir')}, the store it trained on, or start "
+            f"pass --cache-dir {shlex.quote(str(saved.get('cache_dir')))}, the store it trained "
+            "on, or start "
             "a new --run-dir")
     return True
 

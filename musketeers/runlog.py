@@ -25,14 +25,17 @@ def eval_files(context: bool = True) -> tuple[str, str]:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """metrics.jsonl rows; a torn last line (a run killed mid-write) is ignored."""
+    """metrics.jsonl rows; a line that is no row (torn by a kill mid-write, an edit, stray
+    bytes) is ignored: the rows around it are still the run's."""
     rows = []
     if path.is_file():
-        for line in path.read_text().splitlines():
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except ValueError:
                 continue
+            if isinstance(row, dict) and type(row.get("step")) is int:
+                rows.append(row)
     return rows
 
 

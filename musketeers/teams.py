@@ -175,6 +175,15 @@ def resolve_team(team: str | None = None, roster: str = "pocket",
     return [EXPERTS[n] for n in names]
 
 
+def run_team(team: str | None, roster: str, experts: list[str] | str | None,
+             team_file: str | Path | None) -> list[ExpertSpec]:
+    """A run's experts: ``experts`` or ``team_file`` replace the named team (a run's config
+    always holds a team, its default), the trainer's rule and the grid's."""
+    if experts or team_file:
+        return resolve_team(None, roster, experts or None, Path(team_file) if team_file else None)
+    return resolve_team(team, roster)
+
+
 def policy_spec(name: str | None = None) -> ExpertSpec:
     """The policy's spec: a ``POLICIES`` key, a registry expert, a folder or a hub id."""
     name = name or DEFAULT_POLICY

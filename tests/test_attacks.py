@@ -14,6 +14,7 @@ from musketeers.cache.errors import UserError
 from musketeers.cache.items import Item
 from musketeers.tasks import build_items, check_items, score, task_spec
 from musketeers.tasks.forgeries import FORGERIES, measure
+from musketeers.tasks.variants import DEFAULT_PROMPT, packaged_tasks
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +44,9 @@ def test_unevaluated_integral_and_restated_premise_score_nothing():
     assert not forged("Integral(exp(x**2), x)", {"answer": "Integral(exp(x**2), x) + C"})
 
 
-PACKAGED = ("arithmetic", "algorithmic", "logic", "arithmetic:easier@direct",
-            "algorithmic:easier@direct", "logic:easy")
+# every packaged base and level, each once: a prompt style changes what the experts read,
+# never how an answer is scored
+PACKAGED = tuple(packaged_tasks((DEFAULT_PROMPT,)))
 
 
 @pytest.mark.parametrize("task", PACKAGED)
@@ -55,11 +57,17 @@ def test_forgery_battery_scores_no_more_than_the_shortcuts(task):
         assert worst <= r.shortcut_baseline + 1e-9, (r.source, name, worst)
 
 
-def test_identical_precompute_spec_survives_a_store_round_trip():
-    # a tuple in a level's config used to read back as a list: the store could not reopen
-    for task in ("arithmetic:easier@direct", "arithmetic:easy", "algorithmic:easier@direct"):
-        spec = task_spec(task)
-        assert json.loads(json.dumps(spec)) == spec
+def test_an_identical_precompute_reopens_the_store_of_every_packaged_variant(tmp_path: Path):
+    """A tuple in a level's config used to read back as a list: the store could not reopen."""
+    from musketeers.cache.store import open_root, store_path
+
+    for task in packaged_tasks():
+        path = store_path(tmp_path, task)
+        open_root(path, task, task_spec(task))
+        before = (path / "zarr.json").read_bytes()
+        # no --force: a spec that differs from the one read back is refused
+        open_root(path, task, task_spec(task), rebuild="--force")
+        assert (path / "zarr.json").read_bytes() == before, task
 
 
 def test_edited_items_are_refused_before_anything_is_scored(arithmetic_items):
@@ -115,6 +123,50 @@ def test_the_sandbox_cannot_be_switched_off_from_inside(tmp_path: Path):
     assert list(outside.iterdir()) == []
 
 
+# each runs after confine() in a fresh interpreter; ROOT and OUT are the sandbox and a folder
+# outside it. Every one must end in PermissionError and leave OUT empty.
+_INSIDE_ATTACKS = {
+    "patch a function's code": "f = lambda m, fl: True\n"
+                               "f.__code__ = (lambda m, fl: False).__code__",
+    "patch a function's defaults": "f = lambda p=1: p\nf.__defaults__ = (2,)",
+    "sys._getframe": "sys._getframe().f_back.f_locals",
+    "a traceback's frame": "try:\n    1 / 0\nexcept ZeroDivisionError as e:\n"
+                           "    e.__traceback__.tb_frame",
+    "a generator's frame": "(x for x in ()).gi_frame",
+    "reload fork_exec": "del sys.modules['_posixsubprocess']\nimport _posixsubprocess\n"
+                        "_posixsubprocess.fork_exec",
+    "patch what realpath calls": "import posixpath\n"
+                                 "posixpath.abspath = lambda p: ROOT + '/x'\n"
+                                 "posixpath._joinrealpath = lambda *a: (ROOT + '/x', True)\n"
+                                 "open(OUT + '/a', 'w')",
+    "patch builtins": "import builtins\nbuiltins.isinstance = lambda *a: False\n"
+                      "builtins.type = lambda *a: str\nopen(OUT + '/b', 'w')",
+}
+
+
+def test_an_evaluated_expression_cannot_reach_or_patch_the_sandbox(tmp_path: Path):
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    code = "\n".join([
+        "import json, sys",
+        "from musketeers.tasks import sandbox",
+        f"ROOT, OUT = {str(root.resolve())!r}, {str(outside)!r}",
+        "sandbox.confine(ROOT)",
+        "refused = []",
+        f"for name, stmt in {_INSIDE_ATTACKS!r}.items():",
+        "    try:",
+        "        exec(stmt, {'sys': sys, 'ROOT': ROOT, 'OUT': OUT})",
+        "    except PermissionError:",
+        "        refused.append(name)",
+        "open('inside', 'w').write('ok')",  # its own directory stays writable
+        "print(json.dumps(sorted(refused)))",
+    ])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert json.loads(out.stdout) == sorted(_INSIDE_ATTACKS), out.stderr[-800:]
+    assert list(outside.iterdir()) == [] and (root / "inside").read_text() == "ok"
+
+
 @pytest.mark.parametrize("key,value", [("lr", float("nan")), ("adapter_lr", float("inf")),
                                        ("beta", float("nan")), ("temperature", float("inf"))])
 def test_non_finite_hyper_parameters_are_refused_before_anything_starts(key, value):
@@ -138,6 +190,26 @@ def test_publishing_leaves_symlinked_artefacts_behind(tmp_path: Path):
     publish_run(src, dest)
     assert (dest / "config.yaml").read_text() == "seed: 0\n"
     assert not (dest / "error.txt").exists()
+
+
+def test_a_symlinked_ledger_is_neither_published_nor_adopted(tmp_path: Path):
+    from musketeers.reports.grid import Grid
+    from musketeers.reports.ledger import ledger_path
+    from musketeers.reports.publish import adopt_published, publish_ledger
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text('{"private": "key"}\n')
+    grid = Grid(budget="t", description="", defaults={}, runs=[])
+    runs, published = tmp_path / "runs", tmp_path / "published"
+    runs.mkdir()
+    published.mkdir()
+    ledger_path(runs, "t").symlink_to(secret)
+    publish_ledger(grid, runs, published)
+    assert not ledger_path(published, "t").exists()
+    ledger_path(runs, "t").unlink()
+    ledger_path(published, "t").symlink_to(secret)
+    adopt_published(grid, runs, published)
+    assert not ledger_path(runs, "t").exists()
 
 
 def test_a_symlink_to_a_locked_run_folder_is_the_same_lock(planted_store, tmp_path: Path):
@@ -164,6 +236,33 @@ def test_an_evaluation_of_an_earlier_checkpoint_is_not_the_runs_result(tmp_path:
     assert run_status(run) == "trained"
     (run / "eval.json").write_text(json.dumps({"exact": 0.5, "checkpoint": "step-000400"}))
     assert run_status(run) == "done"
+
+
+def test_the_grid_evaluates_the_final_checkpoint_over_an_earlier_evaluation(tmp_path: Path):
+    """An `eval` run mid-training left eval.json of step 1; the grid must redo it, not adopt it."""
+    import yaml
+
+    from musketeers.reports.fake import fake_train
+    from musketeers.reports.grid import load_grid, run_grid
+
+    path = tmp_path / "g.yaml"
+    path.write_text(yaml.safe_dump({"budget": "t", "seeds": [0],
+                                    "runs": [{"task": "arithmetic", "method": "single"}]}))
+    grid = load_grid(path)
+    runs = tmp_path / "runs"
+    run = runs / grid.runs[0].name
+    fake_train({**grid.runs[0].fields, "run_dir": str(run)}, steps=3)
+    (run / "eval.json").write_text(json.dumps({"exact": 0.9, "checkpoint": "step-000001"}))
+    graded: list[Path] = []
+
+    def evaluate(run_dir: Path, limit: int | None, context: bool) -> dict:
+        graded.append(run_dir)  # returns its result without writing it, as a fake may
+        return {"exact": 0.4, "checkpoint": "step-000003"}
+
+    result = run_grid(grid, runs, train_fn=lambda cfg: run, eval_fn=evaluate,
+                      config_fn=lambda fields: fields)
+    assert graded == [run] and result.evaluated == [grid.runs[0].name]
+    assert json.loads((run / "eval.json").read_text())["checkpoint"] == "step-000003"
 
 
 def test_a_checkpoint_with_non_finite_weights_is_never_written(tmp_path: Path):
@@ -202,3 +301,21 @@ def test_tasks_show_prints_each_datasets_shortcuts_and_forgeries():
     assert "constant exact" in out.output and "non-finite 0.00" in out.output
     bad = CliRunner().invoke(app, ["tasks", "show", "arithmetc"])
     assert isinstance(bad.exception, UserError) and "unknown task" in str(bad.exception)
+
+
+def test_cache_probe_refuses_items_its_task_does_not_generate(tmp_path: Path):
+    import shutil
+
+    import zarr
+    from typer.testing import CliRunner
+
+    from musketeers.cli.main import app
+
+    fixtures = Path(__file__).resolve().parent / "fixtures"
+    shutil.copytree(fixtures / "arithmetic.zarr", tmp_path / "arithmetic.zarr")
+    question = zarr.open_group(tmp_path / "arithmetic.zarr", mode="r+")["val/items/question"]
+    question[0] = "What is 2 + 2? (edited)"
+    out = CliRunner().invoke(app, ["cache", "probe", "arithmetic", "--roster", "tiny",
+                                   "--cache-dir", str(tmp_path), "--poolings", "last"])
+    assert isinstance(out.exception, UserError)  # cli.main turns it into one line
+    assert "are not the ones the task generates" in str(out.exception)

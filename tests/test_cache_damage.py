@@ -3,6 +3,7 @@ refused by the reader with the precompute command that repairs it, repaired by t
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import sys
@@ -42,6 +43,19 @@ def empty_folder(store: Path) -> None:
     store.mkdir()
 
 
+def lose_flag_and_chunk(store: Path) -> None:
+    """A chunk deleted together with its done flag, in a unit still marked complete."""
+    (store / EXPERT / "done/c/1").unlink()
+    (store / EXPERT / "last/c/1/0").unlink()
+
+
+def halve_rows(store: Path) -> None:
+    meta = store / EXPERT / "last/zarr.json"
+    spec = json.loads(meta.read_text())
+    spec["shape"][0] //= 2
+    meta.write_text(json.dumps(spec))
+
+
 # (damage, whether repairing needs --force, what verify says)
 DAMAGES = {
     "lost chunk": (lambda s: (s / EXPERT / "last/c/1/0").unlink(), False,
@@ -60,6 +74,10 @@ DAMAGES = {
                                 "train: unreadable metadata"),
     "corrupt root zarr.json": (lambda s: junk(s / "zarr.json"), True, "not a readable store"),
     "empty store folder": (empty_folder, False, "empty store folder"),
+    "flag lost with its chunk": (lose_flag_and_chunk, False,
+                                 f"{EXPERT}: marked complete but chunks [1] are not done"),
+    "rows edited 10 -> 5": (halve_rows, False,
+                            f"{EXPERT}: array last has shape (5, 48), expected (10, 48)"),
 }
 
 
@@ -131,6 +149,24 @@ def test_lost_chunk_recomputes_only_that_chunk(pristine, tmp_path):
     assert verify_store(path) == [] and other.stat().st_mtime_ns == mtime
 
 
+def test_a_chunk_swapped_for_another_valid_one_is_found_and_recomputed(pristine, tmp_path):
+    cache_dir = tmp_path / "stores"
+    shutil.copytree(pristine, cache_dir)
+    path = st.store_path(cache_dir, "toy")
+    want = reader.read_vectors(cache_dir, "toy", "train", ["tiny-gpt2"], "last")[0]
+    a, b = path / EXPERT / "last/c/0/0", path / EXPERT / "last/c/1/0"
+    first = a.read_bytes()
+    a.write_bytes(b.read_bytes())  # a valid chunk file (its crc holds) with other rows
+    b.write_bytes(first)
+    assert sorted(str(p) for p in verify_store(path)) == [
+        f"{EXPERT}: chunk {c} differs from the digest recorded when it was built (swapped or "
+        "edited)" for c in (0, 1)]
+    precompute_task(cache_dir, "toy", {}, {"train": make_items(10)}, [tiny_specs()[1]], CFG)
+    assert verify_store(path) == []
+    np.testing.assert_array_equal(
+        reader.read_vectors(cache_dir, "toy", "train", ["tiny-gpt2"], "last")[0], want)
+
+
 def test_stray_partial_file_is_cleaned_by_precompute(pristine, tmp_path):
     """A killed zarr write leaves ``zarr.<uuid>.partial``; precompute removes it."""
     cache_dir = tmp_path / "stores"
@@ -143,3 +179,38 @@ def test_stray_partial_file_is_cleaned_by_precompute(pristine, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # zarr warns about the stray file on every listing
         assert not stray.exists() and verify_store(path) == []
+
+
+def test_the_repair_command_works_when_pasted(pristine, tmp_path, monkeypatch, capsys):
+    """Built with --chunk-rows 4 in a folder with a space: the printed command, pasted, carries
+    both and repairs the store (without them it was refused as built from other inputs)."""
+    import shlex
+
+    cache_dir = tmp_path / "my stores"
+    shutil.copytree(pristine, cache_dir)
+    path = st.store_path(cache_dir, "toy")
+    (path / EXPERT / "last/c/1/0").unlink()
+    with pytest.raises(UserError) as err:
+        reader.read_vectors(cache_dir, "toy", "train", ["tiny-gpt2"], "last")
+    verify, fix = re.search(r"run `(.*)` then: (.*)$", str(err.value)).groups()
+    code, out = run_cli(monkeypatch, capsys, *shlex.split(verify)[1:])
+    assert code == 1 and "missing chunk 1" in out
+    args = shlex.split(fix)
+    assert args[args.index("--cache-dir") + 1] == str(cache_dir)
+    assert "--chunk-rows" in args and "--dtype" in args
+    from musketeers import features
+
+    def same_items(task, **kw):  # "toy" is no packaged task: its items are the test's
+        from musketeers.cache.experts import TINY_EXPERTS
+        from musketeers.cache.precompute import PrecomputeConfig
+
+        cfg = PrecomputeConfig(chunk_rows=kw["chunk_rows"], batch_tokens=kw["batch_tokens"],
+                               router=False)
+        assert kw["cache_dir"] == cache_dir and kw["limit"] == 10
+        precompute_task(kw["cache_dir"], task, {}, {"train": make_items(10)},
+                        [s for s in TINY_EXPERTS if s.name in kw["experts"]], cfg)
+
+    monkeypatch.setattr(features, "precompute_features", same_items)
+    code, out = run_cli(monkeypatch, capsys, *args[1:])
+    assert code in (0, None), out
+    assert verify_store(path) == []

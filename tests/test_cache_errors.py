@@ -92,13 +92,15 @@ def test_fingerprint_mismatch_refused_and_store_untouched(built):
     cache_dir, items = built
     before = tree_hash(cache_dir)
     fp32_as_bf16 = PrecomputeConfig(chunk_rows=4, router=False, dtype=torch.bfloat16)
-    # Runnable as printed: this folder, this item count, this expert (not the pocket team).
-    fix = f"--experts tiny-llama --cache-dir {cache_dir} --limit 5 --force"
-    with pytest.raises(UserError, match=re.escape(fix)):
+    # Runnable as printed: this folder, this item count, this expert (not the pocket team),
+    # the dtype and chunking asked for.
+    fix = f"--experts tiny-llama --cache-dir {cache_dir} --limit 5 --dtype {{}} --chunk-rows 4"
+    fix += " --force"
+    with pytest.raises(UserError, match=re.escape(fix.format("bfloat16"))):
         precompute_task(cache_dir, "toy", {"v": 1}, items, [tiny_specs()[0]], fp32_as_bf16)
-    with pytest.raises(UserError, match=re.escape(fix)):
+    with pytest.raises(UserError, match=re.escape(fix.format("float32"))):
         precompute_task(cache_dir, "toy", {"v": 2}, items, [tiny_specs()[0]], CFG)
-    with pytest.raises(UserError, match="other items.*--limit 6 --force"):
+    with pytest.raises(UserError, match="other items.*--limit 6 .*--force"):
         precompute_task(cache_dir, "toy", {"v": 1}, {"train": make_items(6)}, [], CFG)
     assert tree_hash(cache_dir) == before
 
@@ -198,7 +200,8 @@ def test_disk_full_names_the_resume_command(cache_dir, monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(layout, "write_items", full)
-    fix = f"musketeers precompute --task toy --experts tiny-llama --cache-dir {cache_dir} --limit 5"
+    fix = (f"musketeers precompute --task toy --experts tiny-llama --cache-dir {cache_dir} "
+           "--limit 5 --dtype float32 --chunk-rows 4")
     with pytest.raises(UserError, match=f"no space left.*free space.*{re.escape(fix)}$"):
         precompute_task(cache_dir, "toy", {"v": 1}, items, [tiny_specs()[0]], CFG)
     monkeypatch.undo()

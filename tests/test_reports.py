@@ -479,6 +479,27 @@ def test_grid_needs_union_of_experts_hints_and_router(tmp_path: Path):
     assert missing(need, open_task_store(need)) == (["e1", "e2"], [], False)
 
 
+def test_a_custom_grids_experts_are_what_it_needs_and_its_hint_is_their_precompute(tmp_path):
+    import shlex
+
+    from musketeers.reports.needs import ensure_cache
+
+    stores = tmp_path / "my stores"
+    path = tmp_path / "g.yaml"
+    path.write_text(yaml.safe_dump({"budget": "smoke", "runs": [
+        {"task": "arithmetic", "method": "perceiver", "roster": "tiny", "cache_dir": str(stores),
+         "experts": "tiny-gpt2,tiny-llama"}]}))
+    grid = load_grid(path)
+    (need,) = grid_needs(grid)  # the default team is not what these runs read
+    assert list(need.experts) == ["tiny-gpt2", "tiny-llama"]
+    with pytest.raises(UserError) as err:
+        ensure_cache(grid, None)
+    fix = shlex.split(str(err.value).split("; run: ")[1])
+    assert fix[:4] == ["musketeers", "precompute", "--task", "arithmetic"]
+    assert fix[fix.index("--experts") + 1] == "tiny-gpt2,tiny-llama"
+    assert fix[fix.index("--cache-dir") + 1] == str(stores) and "tiny" in fix
+
+
 def test_a_run_listed_twice_is_one_run_unless_its_fields_clash(tmp_path: Path):
     path = tmp_path / "g.yaml"
     base = {"task": "logic", "method": "perceiver", "team": "default"}

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import SafetensorError
 from typer.testing import CliRunner
 
 from musketeers import checkpoint as ckpt
@@ -101,6 +102,17 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(planted_store, tmp
     assert metrics(run) == full_run  # resumed from step 2, bit for bit
 
 
+def test_a_step_damaged_twice_is_set_aside_twice(planted_store, tmp_path):
+    run = tmp_path / "run"
+    train(small(planted_store, run), stop_after=3, plot=False)
+    for _ in range(2):  # the second time, damaged-step-000003 is already there
+        _flip(ckpt.latest_checkpoint(run) / "adapter.safetensors")
+        train(small(planted_store, run), resume=True, stop_after=3, plot=False)
+    aside = sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("dam"))
+    assert aside == ["damaged-step-000003", "damaged-step-000003.2"]
+    assert ckpt.latest_checkpoint(run).name == "step-000003"
+
+
 def test_no_intact_checkpoint_is_refused_with_the_way_out(planted_store, tmp_path):
     run = tmp_path / "run"
     train(small(planted_store, run), stop_after=2, plot=False)
@@ -145,7 +157,10 @@ def test_resume_steps_stops_the_invocation_and_keeps_the_runs_length(planted_sto
 
 @pytest.mark.parametrize("exc", [RuntimeError("[enforce fail at inline_container.cc:595] . "
                                               "unexpected pos 128 vs 96"),
-                                 OSError(28, "No space left on device")])
+                                 OSError(28, "No space left on device"),
+                                 # what safetensors raises for the LoRA and adapter files
+                                 SafetensorError("Error while serializing: IoError(Os { code: "
+                                                 "28, kind: StorageFull })")])
 def test_disk_full_during_a_save_names_the_resume_command(planted_store, tmp_path, monkeypatch,
                                                           exc):
     run = tmp_path / "run"

@@ -13,7 +13,7 @@ import pytest
 import zarr
 from conftest import make_items
 
-from musketeers.cache import layout, reader
+from musketeers.cache import from_memory, layout, reader
 from musketeers.cache import store as st
 from musketeers.cache.describe import describe
 from musketeers.cache.errors import UserError
@@ -37,8 +37,8 @@ def synthetic_store(cache: Path, n: int = 10, hints: bool = False) -> dict[str, 
               "layers_last": rng.standard_normal((n, 3, 8), dtype=np.float32)}
     if hints:
         arrays["hints"] = np.array([f"h{i}" for i in range(n)], dtype=object)
-    layout.write_expert(sg, "e", arrays, fingerprint={"test": 1}, n_layers=2, d=8,
-                        dtype="float32", hints=hints, chunk_rows=4)
+    from_memory.write_expert(sg, "e", arrays, fingerprint={"test": 1}, n_layers=2, d=8,
+                             dtype="float32", hints=hints, chunk_rows=4)
     return arrays
 
 
@@ -63,8 +63,8 @@ def test_write_expert_is_a_complete_dense_unit_the_reader_and_verify_accept(tmp_
 def test_write_expert_refuses_what_is_no_expert_array(tmp_path: Path):
     sg = zarr.open_group(tmp_path / "s.zarr", mode="w").require_group("train")
     with pytest.raises(ValueError, match="not arrays of an expert unit"):
-        layout.write_expert(sg, "e", {"lats": np.zeros((2, 4))}, fingerprint={}, n_layers=1,
-                            d=4, dtype="float32")
+        from_memory.write_expert(sg, "e", {"lats": np.zeros((2, 4))}, fingerprint={},
+                                 n_layers=1, d=4, dtype="float32")
 
 
 def test_describe_tells_complete_partial_and_damaged_units(tmp_path: Path):

@@ -1,7 +1,7 @@
 """Cache reads: loading a run's pooled vectors once, and the per-step row lookup.
 
-The store is written here through the cache's own layout code (``layout.write_expert``) at a
-realistic size: a full 16k-row train split, three experts of the pocket widths. Only the
+The store is written here through the cache's own layout code (``from_memory.write_expert``)
+at a realistic size: a full 16k-row train split, three experts of the pocket widths. Only the
 ``last`` pooling holds vectors (the other arrays are zeros), which is what a default run
 reads; the vectors are random float32 (hidden states compress about as badly).
 """
@@ -26,7 +26,7 @@ TASK = "algorithmic"
 
 def write_store(cache_dir: Path, n: int, chunk_rows: int = 64) -> list[str]:
     """A complete ``train`` split of ``n`` rows with one ``last`` array per expert."""
-    from musketeers.cache import layout
+    from musketeers.cache import from_memory, layout
     from musketeers.cache import store as st
     from musketeers.tasks import build_items
 
@@ -37,9 +37,9 @@ def write_store(cache_dir: Path, n: int, chunk_rows: int = 64) -> list[str]:
     rng = np.random.default_rng(1)
     for name, d in WIDTHS.items():
         # the other arrays are written as zeros (the reader refuses absent chunks as damage)
-        layout.write_expert(sg, name, {"last": rng.standard_normal((n, d), dtype=np.float32)},
-                            fingerprint={"bench": name}, n_layers=1, d=d, dtype="bfloat16",
-                            chunk_rows=chunk_rows)
+        last = rng.standard_normal((n, d), dtype=np.float32)
+        from_memory.write_expert(sg, name, {"last": last}, fingerprint={"bench": name},
+                                 n_layers=1, d=d, dtype="bfloat16", chunk_rows=chunk_rows)
     return list(WIDTHS)
 
 

@@ -105,14 +105,13 @@ def run_trl(params: dict[str, Any]) -> dict[str, Any]:
 
     from musketeers.cache.devices import resolve_dtype
     from musketeers.cache.experts import resolve_local
-    from musketeers.cache.reader import read_items
-    from musketeers.tasks import score
+    from musketeers.tasks import read_checked_items, score
     from musketeers.teams import policy_spec
 
     threads = set_threads()
     r = params["regime"]
     dtype = resolve_dtype(r["dtype"], "cpu")
-    items = read_items(params["cache_dir"], r["task"], "train")
+    items = read_checked_items(params["cache_dir"], r["task"], "train")
     ds = Dataset.from_list([
         {"prompt": [{"role": "system", "content": it.system},
                     {"role": "user", "content": it.question}], "row": i}

@@ -25,6 +25,7 @@ import yaml
 
 from musketeers import experiment, methods
 from musketeers.cache.errors import UserError
+from musketeers.reports.grid_yaml import check_grid, read_grid_yaml
 from musketeers.reports.ledger import discard, timed
 from musketeers.runlog import eval_files
 
@@ -132,9 +133,10 @@ def load_grid(
     path = grid_file(str(source)) if str(source) in BUDGETS else Path(source)
     if not path.is_file():
         raise UserError(f"no grid file {path}; pass --budget one of {', '.join(BUDGETS)}")
-    raw = yaml.safe_load(path.read_text()) or {}
+    raw = read_grid_yaml(path)
     if "parts" in raw:  # an overlay on the experiment design, not a list of runs
         raw = {**raw, "runs": experiment.overlay_runs(raw, path)}
+    check_grid(raw, path)
     budget = raw.get("budget", path.stem)
     defaults = dict(raw.get("defaults") or {})
     task_overrides = raw.get("task_overrides") or {}
@@ -301,9 +303,11 @@ def _plain(obj: Any) -> Any:
 
 
 def _write_eval(run_dir: Path, name: str, result: dict) -> None:
-    path = run_dir / name
-    if not path.is_file():  # evaluate() may already have written it
-        path.write_text(json.dumps(result, indent=1) + "\n")
+    """Write what the evaluation returned over any earlier one (evaluate() writes the same
+    result itself; a stale file of an earlier checkpoint must not survive)."""
+    tmp = run_dir / f"{name}.tmp"
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(run_dir / name)
 
 
 def run_grid(
@@ -378,7 +382,8 @@ def run_grid(
                 result.trained.append(run.name)
             for context in (True, False) if run.eval_no_context else (True,):
                 out = eval_files(context)[0]
-                if not (run_dir / out).is_file():
+                # an evaluation run mid-training graded an earlier checkpoint: redo it
+                if not of_final_checkpoint(run_dir, out):
                     with timed(ledger, "eval", f"{run.name}/{out}"):
                         result_ = eval_fn(run_dir, grid.eval_limit, context)
                     _write_eval(run_dir, out, result_)

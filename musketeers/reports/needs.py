@@ -18,6 +18,7 @@ from musketeers.reports.grid import Grid
 from musketeers.reports.ledger import timed
 
 log = logging.getLogger(__name__)
+FIXTURES = Path("tests/fixtures")  # where `make fixtures` writes the smoke grid's stores
 
 
 @dataclass
@@ -30,6 +31,7 @@ class TaskNeed:
     experts: dict[str, None] = field(default_factory=dict)  # ordered sets
     hint_experts: dict[str, None] = field(default_factory=dict)
     router: bool = False
+    args: dict[str, str] = field(default_factory=dict)  # name -> what --experts takes for it
 
 
 def _team_experts(team: str | None, roster: str) -> list[str]:
@@ -56,12 +58,26 @@ def grid_needs(grid: Grid, team_experts: Callable[[str | None, str], list[str]] 
         key = (str(f["task"]), cache_dir, roster)
         need = needs.setdefault(key, TaskNeed(*key))
         # hints live in the experts' groups, so a method reading hints needs those too
-        for name in team_experts(f.get("team"), roster):
+        for name, arg in _run_experts(f, roster, team_experts):
             need.experts.setdefault(name, None)
+            need.args.setdefault(name, arg)
             if "hints" in method.reads:
                 need.hint_experts.setdefault(name, None)
         need.router |= "router" in method.reads
     return list(needs.values())
+
+
+def _run_experts(fields: dict[str, Any], roster: str,
+                 team_experts: Callable[[str | None, str], list[str]]) -> list[tuple[str, str]]:
+    """(name, --experts argument) of each expert a run reads: a custom grid's ``experts`` or
+    ``team_file`` replace its team, as in training (``teams.run_team``)."""
+    if not (fields.get("experts") or fields.get("team_file")):
+        return [(name, name) for name in team_experts(fields.get("team"), roster)]
+    from musketeers.cache.store import expert_arg
+    from musketeers.teams import run_team
+
+    specs = run_team(None, roster, fields.get("experts"), fields.get("team_file"))
+    return [(s.name, expert_arg(s.name, s.kind, s.ref)) for s in specs]
 
 
 def open_task_store(need: TaskNeed) -> Any:
@@ -161,9 +177,7 @@ def ensure_cache(grid: Grid, settings: dict[str, Any] | None,
         if settings is None:
             raise UserError(
                 f"the {grid.budget} grid needs {need.task} features ({', '.join(todo) or 'router'})"
-                f" in {need.cache_dir}; run: "
-                + ("make fixtures" if grid.budget == "smoke" else
-                   f"musketeers precompute --task {need.task} --experts {','.join(todo)}"))
+                f" in {need.cache_dir}; run: {_fill_command(need, todo, bool(hinted))}")
         from musketeers.features import precompute_features
 
         log.info("precompute %s: %s%s", need.task, ", ".join(todo) or "-",
@@ -176,7 +190,7 @@ def ensure_cache(grid: Grid, settings: dict[str, Any] | None,
             what = f"{need.task}: {', '.join(names) or 'router'}{' + hints' if hints else ''}"
             # router only: the grid's own experts (all complete: their fingerprints are checked,
             # nothing is recomputed), not another team's
-            experts = names or list(need.experts)
+            experts = [need.args.get(n, n) for n in names or need.experts]
             with timed(ledger, "precompute", what):
                 precompute_features(
                     need.task, roster=need.roster, experts=experts or None,
@@ -187,3 +201,17 @@ def ensure_cache(grid: Grid, settings: dict[str, Any] | None,
             router = False
         done.append(need.task)
     return done
+
+
+def _fill_command(need: TaskNeed, todo: list[str], hints: bool) -> str:
+    """What fills the store a grid without ``precompute:`` settings reads: the fixtures for the
+    fixture folder, else the precompute of exactly those experts, in that folder."""
+    if Path(need.cache_dir).resolve() == FIXTURES.resolve():
+        return "make fixtures"
+    from musketeers.cache.store import precompute_command, store_limit, store_path
+
+    path = store_path(need.cache_dir, need.task)
+    limit = store_limit(path) if path.is_dir() else None
+    experts = ",".join(need.args.get(n, n) for n in todo or need.experts) or None
+    return precompute_command(need.task, experts, need.cache_dir, limit=limit, hints=hints,
+                              roster=need.roster)

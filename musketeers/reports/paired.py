@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from musketeers.cache.errors import UserError
 from musketeers.reports.aggregate import Cell, Run
 from musketeers.runlog import eval_files
 
@@ -51,11 +53,19 @@ class Paired:
 
 
 def by_item(path: Path, metric: str) -> dict[str, float]:
+    """Each graded item's score in an evaluation's samples file; a file that cannot be read
+    (not UTF-8, not rows) is refused with the evaluation that rewrites it."""
     out = {}
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
-        score = float(row["score"])
-        out[row["id"]] = float(score >= 1.0) if metric == "exact" else score
+    try:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            score = float(row["score"])
+            out[str(row["id"])] = float(score >= 1.0) if metric == "exact" else score
+    except (ValueError, KeyError, TypeError) as exc:  # UnicodeDecodeError is a ValueError
+        again = " --no-context" if path.name.startswith("eval_no_context") else ""
+        raise UserError(f"{path} is not a readable evaluation ({type(exc).__name__}); "
+                        f"evaluate the run again: musketeers eval "
+                        f"{shlex.quote(str(path.parent))}{again}") from None
     return out
 
 

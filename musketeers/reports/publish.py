@@ -76,9 +76,11 @@ def set_aside_published(published: Path, name: str, kept_as: str) -> Path | None
 
 def publish_ledger(grid: Grid, runs_dir: Path, dest: Path) -> None:
     ledger = ledger_path(runs_dir, grid.name)
-    if ledger.is_file() and ledger.resolve() != ledger_path(dest, grid.name).resolve():
+    # a symlinked ledger would publish whatever it points at, as artefacts would
+    if regular_file(ledger, ledger.parent) and \
+            ledger.resolve() != ledger_path(dest, grid.name).resolve():
         dest.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ledger, ledger_path(dest, grid.name))
+        shutil.copyfile(ledger, ledger_path(dest, grid.name), follow_symlinks=False)
 
 
 def adopt_published(grid: Grid, runs_dir: Path, published: Path) -> list[str]:
@@ -99,7 +101,7 @@ def adopt_published(grid: Grid, runs_dir: Path, published: Path) -> list[str]:
         publish_run(src, dst)
         adopted.append(run.name)
     theirs, ours = ledger_path(published, grid.name), ledger_path(runs_dir, grid.name)
-    if theirs.is_file():
+    if regular_file(theirs, published):  # a symlink would read a file from anywhere
         mine = [line for line in ours.read_text().splitlines() if line] \
             if ours.is_file() else []
         new = [line for line in theirs.read_text().splitlines() if line and line not in mine]

@@ -37,7 +37,7 @@ TASKS: tuple[str, ...] = BASE_TASKS
 __all__ = [
     "EXTRACTIONS", "FAMILIES", "MAX_ANSWER_CHARS", "PROMPT_STYLES", "SPLITS", "TASKS", "Item",
     "build_items", "check_disjoint", "check_items", "check_task", "extract_answer", "parse_task",
-    "score", "task_spec",
+    "read_checked_items", "score", "task_spec",
 ]
 
 
@@ -114,6 +114,16 @@ def check_items(task: str, split: str, items: list[Item],
     raise UserError(f"the stored {task}/{split} items are not the ones the task generates "
                     f"(first difference at row {bad}): the store was edited or built by "
                     f"another version; rebuild it{': ' + fix if fix else ''}")
+
+
+def read_checked_items(cache_dir: str | Path, task: str, split: str) -> list[Item]:
+    """A store's ``split`` items, refused unless they are the ones ``task`` generates: every
+    reader whose items reach a scorer, a probe or a report goes through here."""
+    from musketeers.cache import reader
+
+    items = reader.read_items(cache_dir, task, split)
+    check_items(task, split, items, fix=reader.rebuild_command(cache_dir, task))
+    return items
 
 
 def check_disjoint(train: list[Item], val: list[Item]) -> None:

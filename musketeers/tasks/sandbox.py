@@ -11,9 +11,10 @@ not stop anything; an audit hook does):
   ``RLIMIT_FSIZE`` caps what it writes there, no core files, and an audit hook
   (``sys.addaudithook``, irremovable) raises ``PermissionError`` on process creation
   (``os.system``, ``subprocess.Popen``, ``os.exec*``, ``os.fork``, ``os.posix_spawn``; the
-  unaudited ``_posixsubprocess.fork_exec`` is replaced),
-  signals, sockets, ``ctypes``, raising rlimits, and on opening for writing, creating,
-  removing, renaming or changing any path outside that directory.
+  unaudited ``_posixsubprocess.fork_exec`` is replaced, and loading it again refused),
+  signals, sockets, ``ctypes``, raising rlimits, reaching frames, rebinding a function's code
+  or defaults, and on opening for writing, creating, removing, renaming or changing any path
+  outside that directory.
 
 ``PermissionError`` is an ``OSError``: Python's own best-effort writes (bytecode caches) treat
 it as "cannot write" and go on.
@@ -23,7 +24,9 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import sys
+from collections.abc import Callable
 from typing import IO, Any
 
 FILE_SIZE_LIMIT_BYTES = 16 << 20
@@ -37,7 +40,14 @@ _DENIED = (  # events refused whatever their arguments (prefixes)
     # what could reach the hook's closure (gc) or watch it run (tracers) from an evaluation
     "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys.setprofile",
     "sys.settrace",
+    # frames: a scorer's frame holds the reply channel and the request's id, enough to forge
+    # a reply; the traceback and generator ways to one are object.__getattr__ (_FRAME_ATTRS)
+    "sys._getframe", "sys._current_frames",
 )
+# function attributes whose rebinding (object.__setattr__) would swap the code of a function
+_FUNCTION_INTERNALS = ("__code__", "__defaults__", "__kwdefaults__", "__globals__",
+                       "__closure__", "__builtins__")
+_FRAME_ATTRS = ("tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back")
 # events whose path arguments (positions) must stay inside the sandbox directory
 _PATH_EVENTS = {
     "os.mkdir": (0,), "os.rmdir": (0,), "os.remove": (0,), "os.rename": (0, 1),
@@ -62,24 +72,6 @@ def private_channel() -> tuple[IO[str], IO[str]]:
     return requests, replies
 
 
-def _inside(root: str, path: Any, realpath=os.path.realpath, fsdecode=os.fsdecode,
-            sep=os.sep, devnull=os.devnull) -> bool:
-    # the os functions are bound at definition: patching ``os.path`` later changes nothing here
-    if isinstance(path, int):  # a descriptor: only ours are open, and none may be rewritten
-        return False
-    try:
-        real = realpath(fsdecode(path))
-    except (TypeError, ValueError):
-        return False
-    return real == root or real.startswith(root + sep) or real == devnull
-
-
-def _opens_for_writing(mode: Any, flags: Any) -> bool:
-    if isinstance(mode, str) and any(c in mode for c in "wax+"):
-        return True
-    return isinstance(flags, int) and bool(flags & _WRITE_FLAGS)
-
-
 def confine(root: str) -> None:
     """Make ``root`` (an existing, private directory) the only place this process can change."""
     import resource
@@ -97,37 +89,100 @@ def confine(root: str) -> None:
             resource.setrlimit(limit, (value, value))
         except (ValueError, OSError):  # a hard limit already lower: keep it
             pass
+    _disarm_fork_exec()  # before the hook, which then refuses loading the original again
+    sys.addaudithook(_hook(root))
 
-    # The hook reads only what it closes over, copied here: an evaluated expression that
-    # rebinds this module's globals (``_DENIED = ()``) or patches ``os.path.realpath``
-    # changes nothing the hook sees, and the ways to reach a closure (gc, frames) are denied.
+
+def _hook(root: str) -> Callable[[str, tuple[Any, ...]], None]:
+    """The audit hook, built from copies: at call time it looks up no module global, builtin
+    or Python-level library function (``os.path.realpath`` reads patchable globals), so an
+    evaluated expression that rebinds any of them changes nothing it does. Paths are taken
+    only as exact ``str`` or ``bytes``: no code of the caller's runs inside the hook."""
     denied = tuple(_DENIED)
     path_events = tuple(_PATH_EVENTS.items())
-    inside, writes = _inside, _opens_for_writing
+    lstat, readlink, is_link = os.lstat, os.readlink, stat.S_ISLNK
+    str_, bytes_, type_, int_ = str, bytes, type, int
+    denial, os_error = PermissionError, OSError
+    sep, devnull, write_flags = os.sep, os.devnull, _WRITE_FLAGS
+    internals, frame_attrs = _FUNCTION_INTERNALS, _FRAME_ATTRS
+
+    def resolve(path: str) -> str | None:
+        # realpath from system calls alone; relative to root, as chdir is denied
+        todo = (path if path.startswith(sep) else root + sep + path).split(sep)[::-1]
+        parts: list[str] = []
+        hops = 0
+        while todo:
+            name = todo.pop()
+            if name in ("", "."):
+                continue
+            if name == "..":
+                if parts:
+                    parts.pop()
+                continue
+            here = sep + sep.join([*parts, name])
+            try:
+                mode = lstat(here).st_mode
+            except os_error:  # absent (or unreadable): taken literally, as open would
+                parts.append(name)
+                continue
+            except ValueError:  # an embedded NUL: never a path to allow
+                return None
+            if not is_link(mode):
+                parts.append(name)
+                continue
+            hops += 1
+            if hops > 40:  # a link loop
+                return None
+            target = readlink(here)
+            if target.startswith(sep):
+                parts = []
+            todo.extend(target.split(sep)[::-1])
+        return sep + sep.join(parts)
+
+    def inside(path: Any) -> bool:
+        if type_(path) is bytes_:
+            path = path.decode("utf-8", "surrogateescape")
+        if type_(path) is not str_:  # a descriptor or a path object: refused
+            return False
+        real = resolve(path)
+        return real is not None and (real == root or real.startswith(root + sep)
+                                     or real == devnull)
+
+    def writes(mode: Any, flags: Any) -> bool:
+        if type_(mode) is str_ and ("w" in mode or "a" in mode or "x" in mode or "+" in mode):
+            return True
+        return type_(flags) is int_ and bool(flags & write_flags)
 
     def hook(event: str, args: tuple[Any, ...]) -> None:
         if event.startswith(denied):
-            raise PermissionError(f"scorer sandbox: {event} denied")
+            raise denial(f"scorer sandbox: {event} denied")
+        if event == "object.__setattr__" and args[1] in internals:
+            raise denial(f"scorer sandbox: setting {args[1]} denied")
+        if event == "object.__getattr__" and args[1] in frame_attrs:
+            raise denial(f"scorer sandbox: {args[1]} denied")
+        if event == "import" and type_(args[0]) is str_ and \
+                args[0].rpartition(".")[2] == "_posixsubprocess":
+            raise denial("scorer sandbox: loading _posixsubprocess again denied")
         if event == "open":
-            path, mode, flags = (tuple(args) + (None, None, None))[:3]
-            if writes(mode, flags) and not inside(root, path):
-                raise PermissionError(f"scorer sandbox: writing {path!r} denied")
+            path, mode, flags = (*args, None, None, None)[:3]
+            if writes(mode, flags) and not inside(path):
+                raise denial(f"scorer sandbox: writing {path!r} denied")
             return
         for name, positions in path_events:
             if name == event:
                 for i in positions:
-                    if i < len(args) and not inside(root, args[i]):
-                        raise PermissionError(f"scorer sandbox: {event} {args[i]!r} denied")
+                    if i < len(args) and not inside(args[i]):
+                        raise denial(f"scorer sandbox: {event} {args[i]!r} denied")
 
-    sys.addaudithook(hook)
-    _disarm_fork_exec()
+    return hook
 
 
 def _disarm_fork_exec() -> None:
     """``subprocess``'s C helper forks and execs without an audit event of its own: replace it.
 
-    Best effort (code already running here could dig it out again); RLIMIT_NPROC is no
-    substitute: root ignores it, and for other users it also counts threads.
+    Loading the module again (``del sys.modules[...]`` then ``import``) would hand back the
+    original; the hook refuses that import. RLIMIT_NPROC is no substitute: root ignores it,
+    and for other users it also counts threads.
     """
     try:
         import _posixsubprocess

@@ -119,6 +119,16 @@ def parse_task(task: str) -> TaskName:
     return TaskName(base, level or None, prompt or DEFAULT_PROMPT)
 
 
+def packaged_tasks(prompts: tuple[str, ...] = PROMPT_STYLES) -> list[str]:
+    """Every task name ``parse_task`` accepts: each base at each of its levels under each of
+    ``prompts`` (the planted task has neither levels nor prompt styles)."""
+    out = ["planted"] if "planted" in BASE_TASKS else []
+    for base in (b for b in BASE_TASKS if b != "planted"):
+        for level in (None, *(lv for lv, families in LEVELS.items() if base in families)):
+            out += [str(TaskName(base, level, prompt)) for prompt in prompts]
+    return out
+
+
 def system_prompt(style: str = DEFAULT_PROMPT) -> str:
     """Reasoning Gym's system prompt ``style`` (its ``SYSTEM_PROMPTS``)."""
     from reasoning_gym.utils import SYSTEM_PROMPTS
