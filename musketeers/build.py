@@ -102,9 +102,16 @@ def build_components(cfg: TrainConfig, split: str, *, limit: int | None = None,
     policy = (policy_factory or build_policy)(cfg)
     router_dim = int(data.router.shape[1]) if data.router is not None else 384
     target = policy.embedding_rms if cfg.context_scale == "embedding" else None
-    adapter = build_adapter(cfg.method, data.expert_dims, policy.embed_dim, latents=cfg.latents,
-                            d_model=cfg.d_model, heads=cfg.heads, router_dim=router_dim,
-                            target_rms=target, standardize=cfg.standardize_experts)
+    try:
+        adapter = build_adapter(cfg.method, data.expert_dims, policy.embed_dim,
+                                latents=cfg.latents, d_model=cfg.d_model, heads=cfg.heads,
+                                router_dim=router_dim, target_rms=target,
+                                standardize=cfg.standardize_experts)
+    except (MemoryError, RuntimeError) as exc:
+        if not isinstance(exc, MemoryError) and "allocate" not in str(exc):
+            raise
+        raise UserError(f"the adapter (--d-model {cfg.d_model}, --latents {cfg.latents}) does "
+                        "not fit in memory; pass a smaller --d-model or --latents") from None
     if cfg.standardize_experts and split == "train" and hasattr(adapter, "align"):
         adapter.align.fit_standardizer(data.vectors)  # a checkpoint's own buffers win on load
     if adapter is not None:

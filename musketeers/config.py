@@ -29,7 +29,7 @@ CONTEXT_POSITIONS = ("before_generation_prompt", "after_prompt", "before_prompt"
 CONTEXT_SCALES = ("init", "embedding")
 # sizes past which a run cannot start on any machine here (tensors of terabytes, or an
 # overflow): refused with a line instead of a traceback deep inside torch
-SIZE_LIMITS = {"group_size": 1024, "latents": 4096, "d_model": 65536, "heads": 1024,
+SIZE_LIMITS = {"group_size": 1024, "latents": 4096, "d_model": 16384, "heads": 1024,
                "max_new_tokens": 131072, "prompts_per_micro": 4096, "grad_accum": 65536,
                "inner_iters": 1024, "lora_r": 4096, "steps": 10_000_000,
                "adapter_warmup": 10_000_000}

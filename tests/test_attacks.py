@@ -288,6 +288,31 @@ def test_out_of_range_sizes_are_one_line_errors(key, value):
         validate(TrainConfig(**{"task": "arithmetic", key: value}))
 
 
+def test_an_adapter_too_large_for_memory_is_a_one_line_error(planted_store, tmp_path,
+                                                             monkeypatch):
+    """Sizes under the limits can still exceed this machine's memory: the allocator's error
+    becomes one line naming the options, and any other error still surfaces as itself."""
+    from musketeers import build
+    from musketeers.planted import planted_config
+
+    cfg = planted_config("perceiver", 0, 1, planted_store, tmp_path / "run", d_model=16384)
+
+    def refuse(*_a, **_k):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+                           "1073741824 bytes")
+
+    monkeypatch.setattr(build, "build_adapter", refuse)
+    with pytest.raises(UserError, match="does not fit in memory; pass a smaller --d-model"):
+        build.build_components(cfg, "train")
+
+    def broken(*_a, **_k):
+        raise RuntimeError("shape mismatch")
+
+    monkeypatch.setattr(build, "build_adapter", broken)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        build.build_components(cfg, "train")
+
+
 def test_tasks_show_prints_each_datasets_shortcuts_and_forgeries():
     from typer.testing import CliRunner
 
