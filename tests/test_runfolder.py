@@ -58,6 +58,21 @@ def test_a_second_training_of_a_locked_run_folder_is_refused(planted_store, tmp_
     assert not (tmp_path / "run.lock").exists()
 
 
+def test_eval_refuses_a_store_replaced_after_training(planted_store, tmp_path):
+    """As --resume does: a run is never scored on another store than the one it trained on."""
+    from musketeers.evaluate import evaluate
+
+    store = tmp_path / "stores"
+    shutil.copytree(planted_store, store)
+    run = tmp_path / "run"
+    train(small(store, run, steps=1), plot=False)
+    shutil.rmtree(store)
+    write_planted_store(store, n_train=64, n_val=16, seed=1)
+    with pytest.raises(UserError, match=f"not the one {run} trained on .*expert noise-a"):
+        evaluate(run, limit=4)
+    assert not (run / "eval.json").exists()
+
+
 def test_resume_refuses_another_store_and_accepts_a_moved_one(planted_store, tmp_path):
     run = tmp_path / "run"
     train(small(planted_store, run), stop_after=2, plot=False)
