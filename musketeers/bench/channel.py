@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--context-scale", default="embedding")
+    ap.add_argument("--pooling", default="last", help="the experts' pooling (as train's)")
     ap.add_argument("--standardize", action="store_true",
                     help="centre and scale the expert vectors first (standardize_experts)")
     ap.add_argument("--dtype", default="auto")
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
         task=args.task, team=args.team, cache_dir=args.cache_dir, policy=args.policy,
         budget="pocket", extraction="lenient", context_scale=args.context_scale,
         dtype=args.dtype, seed=args.seed, run_dir="runs/channel",
-        standardize_experts=args.standardize))
+        standardize_experts=args.standardize, pooling=args.pooling))
     train, policy, adapter = build_components(cfg, "train")
     val, _, _ = build_components(cfg, "val", limit=args.eval_items,
                                  policy_factory=lambda _cfg: policy)
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
     adapter.eval()
     out = {"task": args.task, "team": args.team, "steps": args.steps, "batch": args.batch,
            "lr": args.lr, "context_scale": args.context_scale, "eval_items": args.eval_items,
-           "standardize": args.standardize,
+           "standardize": args.standardize, "pooling": args.pooling,
            "nll_first10": sum(recent[:10]) / 10, "nll_last10": sum(recent[-10:]) / 10,
            **{f"exact_{m}": greedy_exact(cfg, policy, adapter, val, args.eval_items, m)
               for m in ("own", "shuffled", "none")}}
