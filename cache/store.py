@@ -12,8 +12,10 @@ import os
 import re
 import shlex
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import zarr
 
@@ -95,8 +97,9 @@ def build_options(chunk_rows: int, batch_tokens: int, dtype: str | None) -> tupl
     return tuple(out)
 
 
-def stored_options(path: Path) -> tuple[str, ...]:
-    """``build_options`` of the first expert whose fingerprint records them; () for none."""
+def _listed_experts(path: Path) -> Iterator[tuple[str, Any]]:
+    """(name, its split's experts group) of every expert a split can still list: a damaged
+    split says nothing, a damaged group is left to the caller."""
     for split in layout.SPLITS:
         try:
             experts = layout.open_part(path, split, layout.EXPERTS)
@@ -104,15 +107,21 @@ def stored_options(path: Path) -> tuple[str, ...]:
         except Exception:  # noqa: BLE001 - absent or damaged
             continue
         for name in names:
-            try:
-                fp = layout.fingerprint(experts[name]) or {}
-            except Exception:  # noqa: BLE001 - a damaged group says nothing
-                continue
-            pooling = fp.get("pooling") if isinstance(fp, dict) else None
-            if isinstance(pooling, dict):
-                return build_options(int(pooling.get("chunk_rows", layout.CHUNK_ROWS)),
-                                     int(pooling.get("batch_tokens", layout.BATCH_TOKENS)),
-                                     fp.get("dtype"))
+            yield name, experts
+
+
+def stored_options(path: Path) -> tuple[str, ...]:
+    """``build_options`` of the first expert whose fingerprint records them; () for none."""
+    for name, experts in _listed_experts(path):
+        try:
+            fp = layout.fingerprint(experts[name]) or {}
+        except Exception:  # noqa: BLE001 - a damaged group says nothing
+            continue
+        pooling = fp.get("pooling") if isinstance(fp, dict) else None
+        if isinstance(pooling, dict):
+            return build_options(int(pooling.get("chunk_rows", layout.CHUNK_ROWS)),
+                                 int(pooling.get("batch_tokens", layout.BATCH_TOKENS)),
+                                 fp.get("dtype"))
     return ()
 
 
@@ -128,19 +137,13 @@ def stored_experts(path: Path) -> tuple[str | None, bool]:
     whether it holds hints (a recomputed group must get them back: ``--hints``)."""
     args: dict[str, None] = {}
     hints = False
-    for split in layout.SPLITS:
+    for name, experts in _listed_experts(path):
         try:
-            experts = layout.open_part(path, split, layout.EXPERTS)
-            names = child_names(experts)
-        except Exception:  # noqa: BLE001 - absent or damaged
-            continue
-        for name in names:
-            try:
-                g = experts[name]
-                hints = hints or layout.HINTS in child_names(g)
-                args[expert_arg(name, *layout.expert_ref(g))] = None
-            except Exception:  # noqa: BLE001 - a damaged group is known by its name
-                args[name] = None
+            g = experts[name]
+            hints = hints or layout.HINTS in child_names(g)
+            args[expert_arg(name, *layout.expert_ref(g))] = None
+        except Exception:  # noqa: BLE001 - a damaged group is known by its name
+            args[name] = None
     return ",".join(args) or None, hints
 
 

@@ -11,6 +11,12 @@ from musketeers.cache.errors import UserError
 from musketeers.features import CACHE_DIR_ENV, cache_root
 
 TaskOpt = Annotated[str, typer.Option("--task", help="task name, or 'all'")]
+# the team options precompute and probe share: a store is read by the team that wrote it
+TeamOpt = Annotated[str | None, typer.Option(help="named team (default, naive, ...)")]
+RosterOpt = Annotated[str, typer.Option(help="pocket, paper or tiny")]
+ExpertsOpt = Annotated[str | None,
+                       typer.Option(help="comma-separated names, hub ids or local folders")]
+TeamFileOpt = Annotated[Path | None, typer.Option(help="YAML team file")]
 CacheDirOpt = Annotated[
     Path | None, typer.Option("--cache-dir", help=f"stores root (env {CACHE_DIR_ENV}; ./stores)")
 ]
@@ -20,12 +26,10 @@ cache_app = typer.Typer(help="Inspect and check feature-cache stores.", no_args_
 
 def precompute(
     task: TaskOpt = "logic",
-    team: Annotated[str | None, typer.Option(help="named team (default, naive, ...)")] = None,
-    roster: Annotated[str, typer.Option(help="pocket, paper or tiny")] = "pocket",
-    experts: Annotated[
-        str | None, typer.Option(help="comma-separated names, hub ids or local folders")
-    ] = None,
-    team_file: Annotated[Path | None, typer.Option(help="YAML team file")] = None,
+    team: TeamOpt = None,
+    roster: RosterOpt = "pocket",
+    experts: ExpertsOpt = None,
+    team_file: TeamFileOpt = None,
     limit: Annotated[int | None, typer.Option(help="items per split (> 0)")] = None,
     cache_dir: CacheDirOpt = None,
     device: Annotated[str, typer.Option(help="auto, cpu or cuda")] = "auto",
@@ -171,12 +175,10 @@ def verify(task: Annotated[str | None, typer.Argument()] = None, cache_dir: Cach
 @cache_app.command("probe")
 def probe(
     task: Annotated[str, typer.Argument(help="task name, as given to precompute")],
-    team: Annotated[str | None, typer.Option(help="named team (default, naive, ...)")] = None,
-    roster: Annotated[str, typer.Option(help="pocket, paper or tiny")] = "pocket",
-    experts: Annotated[
-        str | None, typer.Option(help="comma-separated names, hub ids or local folders")
-    ] = None,
-    team_file: Annotated[Path | None, typer.Option(help="YAML team file")] = None,
+    team: TeamOpt = None,
+    roster: RosterOpt = "pocket",
+    experts: ExpertsOpt = None,
+    team_file: TeamFileOpt = None,
     cache_dir: CacheDirOpt = None,
     split: Annotated[str, typer.Option(help="train or val")] = "val",
     poolings: Annotated[str, typer.Option(
