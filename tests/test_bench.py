@@ -57,7 +57,7 @@ def test_markdown_lists_every_repetition_and_keeps_attempts(tmp_path):
     rep.measure("matmul", "bf16", "FLOP/s", [3.0, 1.0, 2.0])
     rep.row("trl", "a | b", "1 | 2", "≥ 2.5×", "MISS")
     out = tmp_path / "BENCHMARKS.md"
-    out.write_text("# old\n\n## Attempts\n\n- tried X: predicted 2×, got 1.1×\n")
+    out.write_text("# old\n\n## Measured by hand\n\n- tried X: predicted 2×, got 1.1×\n")
     rp.write_markdown(rep, out)
     text = out.read_text()
     assert "| matmul | bf16 | FLOP/s | 2 | 3, 1, 2 |" in text

@@ -2,7 +2,7 @@
 
 A :class:`Measure` keeps every repetition (the markdown lists them all); a :class:`Row` is one
 line of the summary table: a figure, its target and PASS/MISS (or a note when it was skipped).
-The hand-written "Attempts" section of an existing BENCHMARKS.md is kept across runs.
+The hand-written "Measured by hand" section of an existing BENCHMARKS.md is kept across runs.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from musketeers.bench.machine import median
 
-ATTEMPTS_MARK = "## Attempts"
+ATTEMPTS_MARK = "## Measured by hand"
 
 
 @dataclass
