@@ -32,7 +32,7 @@ CONTEXT_SCALES = ("init", "embedding")
 SIZE_LIMITS = {"group_size": 1024, "latents": 4096, "d_model": 16384, "heads": 1024,
                "max_new_tokens": 131072, "prompts_per_micro": 4096, "grad_accum": 65536,
                "inner_iters": 1024, "lora_r": 4096, "steps": 10_000_000,
-               "adapter_warmup": 10_000_000}
+               "adapter_warmup": 10_000_000, "adapter_warmup_batch": 4096}
 
 
 def opt(default: Any = MISSING, *, help: str, cli: bool | str = False, path: bool = False,
@@ -134,6 +134,8 @@ class TrainConfig:
                                                 "alone to the train split's gold answers "
                                                 "before GRPO (0 = none, the paper's)")
     adapter_warmup_lr: float = opt(1e-3, cli=True, help="the adapter warm-up's learning rate")
+    adapter_warmup_batch: int = opt(0, cli=True, help="train items per warm-up step (0 = the "
+                                                      "prompts of one GRPO update)")
     # a different reward, named in reports (musketeers.tasks.scoring.EXTRACTIONS)
     extraction: str = opt("strict", cli=True,
                           help="how the graded answer is found: strict (the last "
@@ -336,7 +338,7 @@ def validate(cfg: TrainConfig) -> None:
     _check_device(cfg.device)
     if cfg.threads is not None and cfg.threads < 1:
         raise UserError(f"config key 'threads' must be >= 1, got {cfg.threads}")
-    for key in ("no_context_every", "adapter_warmup"):
+    for key in ("no_context_every", "adapter_warmup", "adapter_warmup_batch"):
         if getattr(cfg, key) < 0:
             raise UserError(f"config key '{key}' must be >= 0, got {getattr(cfg, key)}")
     if cfg.eval_limit is not None and cfg.eval_limit < 1:

@@ -162,7 +162,8 @@ def _zero_context(dims: list[int], d_policy: int, o: dict[str, Any]) -> nn.Modul
 
 
 _NO_C = ("pooling", "latents", "context_position", "d_model", "heads", "adapter_lr",
-         "context_scale", "standardize_experts", "adapter_warmup", "adapter_warmup_lr")
+         "context_scale", "standardize_experts", "adapter_warmup", "adapter_warmup_lr",
+         "adapter_warmup_batch")
 _VECTORS = frozenset({"vectors"})
 
 register(Method("perceiver", "Ours", _perceiver, _VECTORS, attention=True, routed=True,
@@ -187,7 +188,7 @@ register(Method("zero_context", "Zero context (control)", _zero_context, _VECTOR
                 control_of="perceiver",
                 ignores=("pooling", "context_position", "d_model", "heads", "adapter_lr",
                          "context_scale", "standardize_experts", "adapter_warmup",
-                         "adapter_warmup_lr"),
+                         "adapter_warmup_lr", "adapter_warmup_batch"),
                 summary="C = 0 at every step, nothing in φ trains: Single with m more positions"))
 register(Method("untrained", "Single, untrained (baseline)", None, ignores=("team", *_NO_C),
                 control_of="single", trains=False,

@@ -49,14 +49,15 @@ def warms_up(cfg: TrainConfig, adapter) -> bool:
 
 def warm_up_adapter(cfg: TrainConfig, policy, adapter, data: SplitData) -> list[dict[str, Any]]:
     """``cfg.adapter_warmup`` AdamW steps on φ alone (lr ``adapter_warmup_lr``), a batch of
-    ``prompts_per_micro × grad_accum`` train items each; one metrics row per step. The policy's
-    weights, gradients and RNG are left as they were, so GRPO starts where it would have."""
+    ``adapter_warmup_batch`` train items each (0: one GRPO update's prompts); one metrics row
+    per step. The policy's weights, gradients and RNG are left as they were, so GRPO starts
+    where it would have."""
     frozen = [p for p in policy.model.parameters() if p.requires_grad]
     for p in frozen:
         p.requires_grad_(False)
     opt = torch.optim.AdamW(adapter.parameters(), lr=cfg.adapter_warmup_lr, weight_decay=0.0)
     g = torch.Generator().manual_seed(derived_seed(cfg.seed, _WARMUP_TAG))
-    batch = cfg.prompts_per_micro * cfg.grad_accum
+    batch = cfg.adapter_warmup_batch or cfg.prompts_per_micro * cfg.grad_accum
     rows_out = []
     try:
         for step in range(cfg.adapter_warmup):

@@ -239,3 +239,13 @@ def test_the_adapter_warm_up_fits_phi_alone_and_its_control_reads_its_own_vector
     assert np.mean(ours[-10:]) < np.mean(control[-10:]) - 0.2, (ours[-10:], control[-10:])
     train(cfg("zero_context", "zero"), plot=False)
     assert not (tmp_path / "zero" / "warmup.jsonl").exists()
+
+
+def test_the_channel_diagnostic_pairs_its_conditions_item_by_item():
+    from musketeers.bench.channel import paired
+
+    own = [True, True, False, True]
+    other = [False, True, False, False]
+    got = paired(own, other)
+    assert got["diff"] == 50.0  # two of four items gained, none lost
+    assert abs(got["se"] - 100 * (np.std([1, 0, 0, 1], ddof=1) / 2)) < 1e-9

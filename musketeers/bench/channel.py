@@ -3,7 +3,8 @@
 The positive control of RL (the oracle team) asks whether GRPO finds expert help that
 exists. This asks the question under it: with the policy frozen, can the adapter alone be
 trained to make the policy say the gold answer through C? The adapter is fitted by teacher
-forcing (maximise log π(gold completion | [x ‖ C])) on the train split, then the policy
+forcing (maximise log π(gold completion | [x ‖ C])) on the train split, by the same
+warm-up a training run takes (``musketeers.warmup``), then the policy
 answers validation items greedily with C, with C built from another item's vectors (a
 derangement: the item information removed) and without C. If C from the item's own vectors
 beats both, the channel carries item information and what RL lacks is signal, not capacity.
@@ -25,20 +26,20 @@ from musketeers.build import build_components
 from musketeers.config import resolve_config
 from musketeers.methods import derangement
 from musketeers.rollout import adapter_context, policy_score
-from musketeers.warmup import gold_nll
+from musketeers.warmup import warm_up_adapter
 
 log = logging.getLogger("musketeers.channel")
 
 
-def greedy_exact(cfg, policy, adapter, data, n: int, mode: str) -> float:
-    """Greedy exact on the first ``n`` items: C from each item's vectors (``own``), from
-    another item's (``shuffled``), or no C (``none``)."""
+def greedy_exact(cfg, policy, adapter, data, n: int, mode: str) -> list[bool]:
+    """Greedy exact, item by item, on the first ``n`` items: C from each item's vectors
+    (``own``), from another item's (``shuffled``), or no C (``none``)."""
     rows = torch.arange(min(n, len(data)))
     items, vectors, router = data.batch(rows)
     if mode == "shuffled":
         perm = derangement(len(rows), 0)
         vectors = [v[perm] for v in vectors]
-    right = 0
+    right: list[bool] = []
     for lo in range(0, len(items), 32):
         sl = slice(lo, lo + 32)
         ctx = None
@@ -47,9 +48,15 @@ def greedy_exact(cfg, policy, adapter, data, n: int, mode: str) -> float:
                 ctx, _ = adapter_context(adapter, [v[sl] for v in vectors], None, cfg.device)
         comps = policy.generate(policy.encode_prompts(items[sl]), ctx, group_size=1,
                                 max_new_tokens=cfg.max_new_tokens, greedy=True)
-        right += sum(policy_score(it, policy.decode(c), cfg.extraction) >= 1.0
-                     for it, c in zip(items[sl], comps, strict=True))
-    return right / len(items)
+        right += [policy_score(it, policy.decode(c), cfg.extraction) >= 1.0
+                  for it, c in zip(items[sl], comps, strict=True)]
+    return right
+
+
+def paired(a: list[bool], b: list[bool]) -> dict[str, float]:
+    """a − b in points, paired by item, with its standard error over the items."""
+    d = torch.tensor(a, dtype=torch.float64) - torch.tensor(b, dtype=torch.float64)
+    return {"diff": 100 * d.mean().item(), "se": 100 * (d.std() / len(d) ** 0.5).item()}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -74,33 +81,24 @@ def main(argv: list[str] | None = None) -> dict:
         task=args.task, team=args.team, cache_dir=args.cache_dir, policy=args.policy,
         budget="pocket", extraction="lenient", context_scale=args.context_scale,
         dtype=args.dtype, seed=args.seed, run_dir="runs/channel",
-        standardize_experts=args.standardize, pooling=args.pooling))
+        standardize_experts=args.standardize, pooling=args.pooling, adapter_warmup=args.steps,
+        adapter_warmup_lr=args.lr, adapter_warmup_batch=args.batch))
     train, policy, adapter = build_components(cfg, "train")
     val, _, _ = build_components(cfg, "val", limit=args.eval_items,
                                  policy_factory=lambda _cfg: policy)
-    for p in policy.model.parameters():
-        p.requires_grad_(False)
-    opt = torch.optim.AdamW(adapter.parameters(), lr=args.lr, weight_decay=0.0)
-    g = torch.Generator().manual_seed(args.seed)
     t0 = time.perf_counter()
-    recent: list[float] = []
-    for step in range(args.steps):
-        rows = torch.randint(0, len(train), (args.batch,), generator=g)
-        loss = gold_nll(policy, adapter, train, rows, cfg.device)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        recent.append(loss.item())
-        if (step + 1) % 10 == 0:
-            log.info("step %d/%d: gold NLL per token %.3f over the last 10 steps (%.0f s)",
-                     step + 1, args.steps, sum(recent[-10:]) / 10, time.perf_counter() - t0)
+    rows = warm_up_adapter(cfg, policy, adapter, train)
+    nll = [r["gold_nll"] for r in rows]
+    log.info("warm-up: %d steps in %.0f s", len(rows), time.perf_counter() - t0)
     adapter.eval()
     out = {"task": args.task, "team": args.team, "steps": args.steps, "batch": args.batch,
            "lr": args.lr, "context_scale": args.context_scale, "eval_items": args.eval_items,
            "standardize": args.standardize, "pooling": args.pooling,
-           "nll_first10": sum(recent[:10]) / 10, "nll_last10": sum(recent[-10:]) / 10,
-           **{f"exact_{m}": greedy_exact(cfg, policy, adapter, val, args.eval_items, m)
-              for m in ("own", "shuffled", "none")}}
+           "nll_first10": sum(nll[:10]) / 10, "nll_last10": sum(nll[-10:]) / 10}
+    right = {m: greedy_exact(cfg, policy, adapter, val, args.eval_items, m)
+             for m in ("own", "shuffled", "none")}
+    out |= {f"exact_{m}": 100 * sum(r) / len(r) for m, r in right.items()}
+    out |= {f"own_minus_{m}": paired(right["own"], right[m]) for m in ("shuffled", "none")}
     print(json.dumps(out))
     return out
 
