@@ -154,7 +154,7 @@ def test_every_evaluating_scorer_has_a_grammar():
     from musketeers.tasks.reasoning_gym_tasks import dataset_config
 
     names = {n for members in families().values() for n, _ in members}
-    assert set(EVALUATING) <= names and set(answer_grammar.GRAMMARS) == set(EVALUATING)
+    assert set(EVALUATING) <= names and set(EVALUATING) <= set(answer_grammar.GRAMMARS)
     for name in names:
         ds = reasoning_gym.create_dataset(name, seed=0, size=1, **dataset_config(name))
         source = inspect.getsource(type(ds).score_answer)
