@@ -53,6 +53,16 @@ def store_path(cache_dir: str | Path, task: str) -> Path:
     return Path(cache_dir) / f"{store_name(task)}.zarr"
 
 
+def stored_task(path: Path) -> str:
+    """The task a store was built for: its root's ``task`` (a task file's path, for a store
+    named by the file's stem and hash), else the folder's name (a damaged root)."""
+    try:
+        task = zarr.open_group(str(path), mode="r").attrs.get("task")
+    except Exception:  # noqa: BLE001 - an unreadable root says nothing
+        task = None
+    return task if isinstance(task, str) and task else path.name.removesuffix(".zarr")
+
+
 def check_cache_dir(cache_dir: str | Path, create: bool = True) -> Path:
     """The cache root must be a writable directory (created if absent). ``create=False``
     only checks, so that option checks can run before anything is created."""

@@ -169,3 +169,14 @@ def test_tasks_list_and_show_cover_rg_names_and_task_files(mix):
         assert out.exit_code == 0, out.output
         assert source in out.output and "constant exact" in out.output
     assert json.dumps(task_spec(str(mix)))  # the spec is JSON, as a store's attributes need
+
+
+def test_a_task_files_store_remembers_the_file_it_was_built_from(mix, tmp_path: Path):
+    """``cache verify`` regenerates a store's items from its task: for a task file's store
+    that is the file, not the store's folder name."""
+    from musketeers.cache.store import open_root, stored_task
+
+    path = store_path(tmp_path / "stores", str(mix))
+    open_root(path, str(mix), task_spec(str(mix)))
+    assert path.name == f"{store_name(str(mix))}.zarr" and stored_task(path) == str(mix)
+    assert stored_task(tmp_path / "arithmetic.zarr") == "arithmetic"  # no root: its name
