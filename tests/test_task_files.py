@@ -180,3 +180,12 @@ def test_a_task_files_store_remembers_the_file_it_was_built_from(mix, tmp_path: 
     open_root(path, str(mix), task_spec(str(mix)))
     assert path.name == f"{store_name(str(mix))}.zarr" and stored_task(path) == str(mix)
     assert stored_task(tmp_path / "arithmetic.zarr") == "arithmetic"  # no root: its name
+
+
+def test_a_runs_default_folder_names_a_task_file_by_its_store(mix):
+    from musketeers.config import TrainConfig
+
+    assert TrainConfig(task=str(mix)).run_path().parent.name == "runs"
+    assert TrainConfig(task=str(mix)).run_path().name.startswith(store_name(str(mix)) + "-")
+    assert TrainConfig(task="arithmetic:easier@direct").run_path().name.startswith(
+        "arithmetic:easier@direct-")
