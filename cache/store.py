@@ -8,6 +8,7 @@ What lives where inside a store, and when a part of it counts as finished, is ``
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import re
 import shlex
@@ -27,9 +28,39 @@ from musketeers.cache.layout import (  # re-exported: tests/test_store_format.py
 )
 from musketeers.cache.zarrio import child_names, one_line
 
+# a task named by a YAML task file: PATH.yaml, then its optional :LEVEL and @PROMPT
+TASK_FILE = re.compile(r"(?P<path>.+\.ya?ml)(?P<suffix>(?::[^:@/]+)?(?:@[^@/]*)?)")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def store_name(task: str) -> str:
+    """The name of ``task``'s store: the task itself, or for a task file its stem and a hash of
+    its bytes, so that spelling the path another way finds the same store and an edited file
+    never finds the old one."""
+    m = TASK_FILE.fullmatch(task)
+    if m is None:
+        return task
+    path = Path(m["path"])
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"task file {path}: {exc.strerror or exc}") from None
+    stem = _UNSAFE.sub("_", path.stem).strip("._") or "task"
+    return f"{stem}-{hashlib.sha256(data).hexdigest()[:10]}{m['suffix']}"
+
 
 def store_path(cache_dir: str | Path, task: str) -> Path:
-    return Path(cache_dir) / f"{task}.zarr"
+    return Path(cache_dir) / f"{store_name(task)}.zarr"
+
+
+def stored_task(path: Path) -> str:
+    """The task a store was built for: its root's ``task`` (a task file's path, for a store
+    named by the file's stem and hash), else the folder's name (a damaged root)."""
+    try:
+        task = zarr.open_group(str(path), mode="r").attrs.get("task")
+    except Exception:  # noqa: BLE001 - an unreadable root says nothing
+        task = None
+    return task if isinstance(task, str) and task else path.name.removesuffix(".zarr")
 
 
 def check_cache_dir(cache_dir: str | Path, create: bool = True) -> Path:

@@ -86,7 +86,7 @@ def info(task: Annotated[str | None, typer.Argument()] = None, cache_dir: CacheD
 
     from musketeers.cache.describe import describe
     from musketeers.cache.progress import console as rich_console
-    from musketeers.cache.store import disk_size, verify_command
+    from musketeers.cache.store import disk_size, stored_task, verify_command
     from musketeers.cache.zarrio import Damaged
 
     console = rich_console()
@@ -95,7 +95,7 @@ def info(task: Annotated[str | None, typer.Argument()] = None, cache_dir: CacheD
             store = describe(path)
         except Damaged:  # empty folder, unreadable root zarr.json
             typer.echo(f"{path}: not a readable store; run: "
-                       f"{verify_command(path.name.removesuffix('.zarr'), cache_dir)}")
+                       f"{verify_command(stored_task(path), cache_dir)}")
             continue
         table = Table(title=f"{path} ({human_size(disk_size(path))}, "
                             f"format {store.format_version})")
@@ -223,9 +223,10 @@ def probe(
 def _edited_items(path: Path, cache_dir: Path | None) -> str | None:
     """Why the store's items are not the ones its task generates, or None when they are."""
     from musketeers.cache.layout import SPLITS
+    from musketeers.cache.store import stored_task
     from musketeers.tasks import read_checked_items
 
-    task = path.name.removesuffix(".zarr")
+    task = stored_task(path)
     root = cache_root(cache_dir)
     try:
         for split in SPLITS:
@@ -245,9 +246,10 @@ def repair_command(path: Path, problems: list, cache_dir: Path) -> str:
         store_limit,
         stored_experts,
         stored_options,
+        stored_task,
     )
 
-    task = path.name.removesuffix(".zarr")
+    task = stored_task(path)
     root_bad = any(p.where == str(path) and "partial" not in p.message for p in problems)
     experts = []
     for p in problems:

@@ -12,22 +12,41 @@ tasks_app = typer.Typer(help="Inspect tasks before training.", no_args_is_help=T
 
 @tasks_app.command("list")
 def list_tasks() -> None:
-    """The named tasks, their levels and prompt styles, and each one's datasets."""
-    from musketeers.tasks import FAMILIES, PROMPT_STYLES, TASKS
-    from musketeers.tasks.variants import LEVELS
+    """The named tasks (packaged task files), their levels and datasets; rg:NAME and FILE.yaml."""
+    import textwrap
 
+    from musketeers.tasks import PROMPT_STYLES, TASKS
+    from musketeers.tasks.task_files import packaged, packaged_dir, packaged_files, rg_datasets
+
+    def names(members) -> str:
+        return ", ".join(d.name for d in members)
+
+    own = {"gsm8k": "the official GSM8K split (local jsonl)",
+           "gsm_symbolic": "Reasoning Gym's gsm_symbolic alone",
+           "planted": "the synthetic planted-expert check"}
     for base in TASKS:
-        datasets = ", ".join(name for name, *_ in FAMILIES.get(base, ())) or "(own generator)"
-        typer.echo(f"{base}: {datasets}")
-        for level, fams in LEVELS.items():
-            if base in fams:
-                typer.echo(f"  {base}:{level}: {', '.join(n for n, _ in fams[base])}")
+        if base not in packaged_files():
+            typer.echo(f"{base}: ({own.get(base, 'own generator')})")
+            continue
+        spec = packaged(base)
+        typer.echo(f"{base}: {names(spec.datasets)}")
+        for level, members in spec.levels.items():
+            typer.echo(f"  {base}:{level}: {names(members)}")
+    typer.echo(f"  (task files in {packaged_dir()})")
+    every = rg_datasets()
+    typer.echo(f"rg:NAME: any of Reasoning Gym's {len(every)} datasets at its defaults, "
+               "e.g. rg:chain_sum@direct:")
+    typer.echo(textwrap.fill(", ".join(every), width=100, initial_indent="  ",
+                             subsequent_indent="  "))
+    typer.echo("FILE.yaml[:LEVEL]: a task file in Reasoning Gym's composite form "
+               "(name, prompt, datasets: [{name, weight, config}])")
     typer.echo(f"prompt styles (@STYLE): {', '.join(PROMPT_STYLES)}")
 
 
 @tasks_app.command("show")
 def show(
-    task: Annotated[str, typer.Argument(help="a task name, e.g. arithmetic:easier@direct")],
+    task: Annotated[str, typer.Argument(
+        help="a task: arithmetic:easier@direct, rg:NAME or FILE.yaml")],
     limit: Annotated[int, typer.Option(help="validation items to measure")] = 400,
     examples: Annotated[int, typer.Option(help="example questions per dataset")] = 2,
 ) -> None:

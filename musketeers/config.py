@@ -161,12 +161,16 @@ class TrainConfig:
         return asdict(self)
 
     def run_path(self) -> Path:
-        """``run_dir`` if given, else ``runs/<task>-<team>-<method>-<pooling>-s<seed>``."""
+        """``run_dir`` if given, else ``runs/<task>-<team>-<method>-<pooling>-s<seed>`` (a task
+        file by its store's name: a path's slashes would nest the folder)."""
+        from musketeers.cache.store import store_name
+
         if self.run_dir:
             return Path(self.run_dir)
         team = self.team or "custom"
         pooling = self.pooling.replace(":", "")
-        return Path("runs") / f"{self.task}-{team}-{self.method}-{pooling}-s{self.seed}"
+        task = store_name(self.task)
+        return Path("runs") / f"{task}-{team}-{self.method}-{pooling}-s{self.seed}"
 
 
 # Budget presets: only the size of a run, never the method.

@@ -10,6 +10,8 @@ completion beside it (``eval_samples.jsonl`` / ``eval_no_context_samples.jsonl``
 gold answer, completion, extracted answer, score), so a low score can be read, not guessed:
 ``answered`` is the share of completions with an ``<answer>…</answer>`` to grade at all,
 ``truncated`` the share cut off at ``max_new_tokens`` before an end-of-turn token.
+``by_source`` breaks items, exact and score down by each item's source dataset: a mix's total
+can hide that one dataset carries every gain.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = Fals
         "tagged": sum(extract_answer(s["completion"], "strict") is not None
                       for s in samples) / n,
         "truncated": sum(not s["ended"] for s in samples) / n,
+        "by_source": by_source(samples),
         "context": not no_context and adapter is not None,
         "method": cfg.method,
         "extraction": cfg.extraction,
@@ -90,6 +93,15 @@ def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = Fals
     }
     write_eval(run_dir, result, samples, no_context, again)
     return result
+
+
+def by_source(samples: list[dict[str, Any]]) -> dict[str, dict[str, float | int]]:
+    """{source dataset: {items, exact, score}} of scored samples, sources in sorted order."""
+    groups: dict[str, list[float]] = {}
+    for s in samples:
+        groups.setdefault(str(s["source"]), []).append(s["score"])
+    return {src: {"items": len(v), "exact": sum(x >= 1.0 for x in v) / len(v),
+                  "score": sum(v) / len(v)} for src, v in sorted(groups.items())}
 
 
 def write_eval(run_dir: Path, result: dict[str, Any], samples: list[dict[str, Any]],

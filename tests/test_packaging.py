@@ -38,6 +38,7 @@ def test_built_wheel_installs_only_musketeers(tmp_path):
     # the team registry and the ablation grids are data the installed commands read
     assert "musketeers/configs/teams.yaml" in names
     assert "musketeers/configs/ablations/smoke.yaml" in names
+    assert "musketeers/configs/tasks/arithmetic.yaml" in names  # the families are task files
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
                     str(site), str(wheel)], check=True)

@@ -131,8 +131,16 @@ def test_evaluation_batches_by_length_and_keeps_the_split_order(tmp_path):
     run = Path(cfg.run_dir)
     rows = {}
     for b in (1, 3):
-        evaluate(run, limit=8, batch_size=b)
+        result = evaluate(run, limit=8, batch_size=b)
         rows[b] = [json.loads(x) for x in (run / "eval_samples.jsonl").read_text().splitlines()]
+    # exact per source dataset: every sample counted once, under its own source
+    sources = {r["source"] for r in rows[3]}
+    assert set(result["by_source"]) == sources and len(sources) > 1
+    for src, part in result["by_source"].items():
+        mine = [r["score"] for r in rows[3] if r["source"] == src]
+        assert part == {"items": len(mine), "exact": sum(x >= 1.0 for x in mine) / len(mine),
+                        "score": sum(mine) / len(mine)}
+    assert json.loads((run / "eval.json").read_text())["by_source"] == result["by_source"]
     ids = [it.id for it in read_items(FIXTURES, "logic", "val")[:8]]
     assert [r["id"] for r in rows[3]] == [r["id"] for r in rows[1]] == ids
     assert [r["completion"] for r in rows[3]] == [r["completion"] for r in rows[1]]

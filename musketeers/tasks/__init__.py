@@ -1,8 +1,9 @@
 """Tasks: items (prompt, gold answer, scorer entry) and their rewards.
 
 ``arithmetic``, ``algorithmic``, ``logic``: the paper's Reasoning Gym composites (appendix,
-Listings 2–4); ``gsm_symbolic``: Reasoning Gym's GSM8K-like generator; ``gsm8k``: the official
-split from local jsonl; ``planted``: the synthetic planted-expert check.
+Listings 2–4), packaged task files; ``rg:NAME``: any Reasoning Gym dataset; ``FILE.yaml``: a
+task file of one's own; ``gsm_symbolic``: Reasoning Gym's GSM8K-like generator; ``gsm8k``: the
+official split from local jsonl; ``planted``: the synthetic planted-expert check.
 """
 
 from __future__ import annotations
@@ -19,14 +20,9 @@ from musketeers.cache.layout import SPLITS
 from .gsm8k import build_gsm8k_items, gsm8k_task_spec
 from .planted import SIZES as PLANTED_SIZES
 from .planted import build_planted_items, planted_task_spec
-from .reasoning_gym_tasks import (
-    FAMILIES,
-    RG_TASKS,
-    SPLIT_SIZES,
-    build_rg_items,
-    rg_task_spec,
-)
+from .reasoning_gym_tasks import SPLIT_SIZES, build_rg_items, rg_task_spec
 from .scoring import EXTRACTIONS, MAX_ANSWER_CHARS, extract_answer, score
+from .task_files import packaged, packaged_files
 from .variants import BASE_TASKS, PROMPT_STYLES, parse_task, system_prompt
 
 log = logging.getLogger(__name__)
@@ -34,16 +30,22 @@ log = logging.getLogger(__name__)
 # the base tasks (``--task all``); any of them may carry :LEVEL and @PROMPT (``variants``)
 TASKS: tuple[str, ...] = BASE_TASKS
 
+
+def families() -> dict[str, tuple[tuple[str, dict[str, Any]], ...]]:
+    """The packaged families' datasets and configs: {family: ((dataset, config), ...)}."""
+    return {name: tuple((d.name, d.config) for d in packaged(name).datasets)
+            for name in packaged_files()}
+
 __all__ = [
-    "EXTRACTIONS", "FAMILIES", "MAX_ANSWER_CHARS", "PROMPT_STYLES", "SPLITS", "TASKS", "Item",
-    "build_items", "check_disjoint", "check_items", "check_task", "extract_answer", "parse_task",
-    "read_checked_items", "score", "task_spec",
+    "EXTRACTIONS", "MAX_ANSWER_CHARS", "PROMPT_STYLES", "SPLITS", "TASKS", "Item",
+    "build_items", "check_disjoint", "check_items", "check_task", "extract_answer", "families",
+    "parse_task", "read_checked_items", "score", "task_spec",
 ]
 
 
 def check_task(task: str) -> str:
-    """``task`` if it names a task (a base task, optionally :LEVEL and @PROMPT); UserError
-    naming the valid ones otherwise."""
+    """``task`` if it names a task (a base task, optionally :LEVEL and @PROMPT; rg:NAME; a task
+    file, read and checked now); UserError naming the valid ones otherwise."""
     parse_task(task)
     return task
 
@@ -78,7 +80,7 @@ def task_spec(task: str) -> dict[str, Any]:
     form a store's attributes give it back: a tuple in a config reads back as a list, and a
     spec that differs from its stored copy only by that would refuse to reopen the store."""
     name = parse_task(task)
-    if name.base in RG_TASKS:
+    if name.is_reasoning_gym:
         spec = rg_task_spec(task)
     elif name.base == "gsm8k":
         spec = gsm8k_task_spec(name.prompt)

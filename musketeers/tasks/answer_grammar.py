@@ -1,10 +1,14 @@
 """Answer grammars: what an answer may look like before a scorer that evaluates it sees it.
 
-Three Reasoning Gym scorers used by our families run the model's text as code:
+Nine Reasoning Gym scorers run the model's text as code (reasoning_gym 0.1.25, every dataset's
+``score_answer`` scanned; a test repeats the scan):
 
-* ``polynomial_multiplication``: ``sympy.parse_expr(answer)``, which is Python ``eval``;
-* ``intermediate_integration``: ``sympy.parse_expr(answer, local_dict=...)``, the same;
-* ``binary_matrix``: ``eval(answer)`` when the answer is not the gold text verbatim.
+* ``polynomial_multiplication``, ``puzzle24``, ``countdown``: ``sympy.parse_expr(answer)``,
+  which is Python ``eval``;
+* ``intermediate_integration``, ``simple_integration``: ``sympy.parse_expr(answer,
+  local_dict=...)``, the same;
+* ``binary_matrix``, ``spiral_matrix``, ``string_insertion``, ``n_queens``: ``eval(answer)``
+  when the answer is not the gold text verbatim (partial credit for a Python list).
 
 So ``__import__('os').system(...)`` in an answer runs on the grading machine. Each of these
 datasets gets a whitelist grammar here, built from the tokens its gold answers use (a test
@@ -15,12 +19,12 @@ the golds use, and no names but the item's variable and a fixed list of math fun
 those, ``eval`` can only build numbers, sympy expressions or lists of ints. Values can still
 be huge (``9**9**9``); the scorer's time and memory caps in ``scoring`` handle that.
 
-Every other scorer of our families reads the answer with ``Decimal``, ``float``, ``int``,
-``json.loads``, string comparison or its own parser (``propositional_logic``), never ``eval``
-(checked against reasoning_gym 0.1.25's source; ``bitwise_arithmetic`` evals the problem from
-the entry, whose grammar is checked by ``entry_admits``, and reads the answer with
-``int(answer, 0)``); they have no answer grammar here. A test fails when a family dataset's
-``score_answer`` mentions ``eval``, ``parse_expr`` or ``sympify`` and has no grammar.
+Every other scorer reads the answer with ``Decimal``, ``float``, ``int``, ``json.loads``,
+string comparison or its own parser (``propositional_logic``), never ``eval``; a few evaluate
+a field of the entry instead (``EVALUATES_ENTRY``), which ``check_items`` proves is the one the
+task generates. Whatever a grammar misses, every Reasoning Gym scorer runs in the sandboxed
+scorer process (``scoring``, ``sandbox``). A test fails when any dataset's ``score_answer``
+mentions ``eval``, ``parse_expr``, ``sympify`` or ``simplify`` and is in neither table.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ _NUMBER = r"\d+(?:\.\d+)?"  # a dot only between digits: never ``1 .real`` attri
 _NAME = r"[A-Za-z]+"  # no underscore, no digit: no dunders, no ``_``-prefixed internals
 _OPERATOR = r"\*\*|[-+*/^()]"
 _EXPR_TOKEN = re.compile(rf"{_SPACE}|{_NUMBER}|{_NAME}|{_OPERATOR}|(?P<comma>,)")
-_VARIABLE = re.compile(r"[a-z]")  # gold variables are single lower-case letters
+_VARIABLE = re.compile(r"[A-Za-z]")  # gold variables are single letters (simple_integration: X)
 
 # sympy names an antiderivative may use; gold answers use sin, cos, exp, log, asin, atan,
 # sqrt and ``Integral`` (sympy's unevaluated integral, when it found no closed form). All are
@@ -90,11 +94,50 @@ def _int_matrix(answer: str, entry: dict[str, Any]) -> bool:
     return bool(_GRID.fullmatch(answer) or _LIST_OF_LISTS.fullmatch(answer))
 
 
+def _arithmetic(answer: str, entry: dict[str, Any]) -> bool:
+    """Numbers, + - * / ** and parentheses: ``3*(10 - 6 + 4)``."""
+    return _expression(answer, set(), commas=False)
+
+
+# gold: space-separated ints ("3 8 1 6"); partial credit for a flat Python list of them
+_INT_LIST = re.compile(r"\[\s*-?\d+(?:\s*,\s*-?\d+)*\s*,?\s*\]")
+_INTS = re.compile(r"-?\d+(?:\s+-?\d+)*")
+
+
+def _int_sequence(answer: str, entry: dict[str, Any]) -> bool:
+    return bool(_INTS.fullmatch(answer) or _INT_LIST.fullmatch(answer))
+
+
+# gold: letters ("BAEDBD"); partial credit for a Python list of one-letter strings
+_CHAR_LIST = re.compile(r"\[\s*(?:(['\"])[A-Za-z]\1\s*,\s*)*(['\"])[A-Za-z]\2\s*,?\s*\]")
+
+
+def _letters(answer: str, entry: dict[str, Any]) -> bool:
+    return answer.isascii() and (answer.isalpha() or bool(_CHAR_LIST.fullmatch(answer)))
+
+
+# gold: rows of "_" and "Q" ("_ Q _ _\n..."); partial credit for a list of lists of them
+_BOARD = re.compile(r"[_Q]+(?:[ \t]+[_Q]+)*(?:[ \t]*\r?\n[ \t]*[_Q]+(?:[ \t]+[_Q]+)*)*")
+_QUOTED_CELL = r"['\"][_Q]['\"]"
+_BOARD_ROW = rf"\[\s*{_QUOTED_CELL}(?:\s*,\s*{_QUOTED_CELL})*\s*,?\s*\]"
+_BOARD_LIST = re.compile(rf"\[\s*(?:{_BOARD_ROW}\s*,?\s*)+\]")
+
+
+def _queens_board(answer: str, entry: dict[str, Any]) -> bool:
+    return bool(_BOARD.fullmatch(answer) or _BOARD_LIST.fullmatch(answer))
+
+
 # dataset name -> does this answer fit the dataset's answer grammar? (see the module docstring)
 GRAMMARS: dict[str, Callable[[str, dict[str, Any]], bool]] = {
     "polynomial_multiplication": _polynomial,
     "intermediate_integration": _antiderivative,
+    "simple_integration": _antiderivative,
     "binary_matrix": _int_matrix,
+    "puzzle24": _arithmetic,
+    "countdown": _arithmetic,
+    "spiral_matrix": _int_sequence,
+    "string_insertion": _letters,
+    "n_queens": _queens_board,
 }
 
 
@@ -106,6 +149,11 @@ _BITWISE_PROBLEM = re.compile(r"[0-9a-fx()+\-*<> ]{1,512}")
 ENTRY_GRAMMARS: dict[str, tuple[str, re.Pattern[str]]] = {
     "bitwise_arithmetic": ("problem", _BITWISE_PROBLEM),
 }
+# scorers that evaluate a field of the entry (the gold answer, an integrand): number_sorting
+# evals its gold list when it is not JSON; the others parse their gold expression with sympy
+EVALUATES_ENTRY = frozenset({"bitwise_arithmetic", "number_sorting",
+                             "polynomial_multiplication", "intermediate_integration",
+                             "simple_integration"})
 
 
 def entry_admits(source: str, entry: dict[str, Any]) -> bool:

@@ -1,8 +1,9 @@
-"""Reasoning Gym tasks: the paper's three families (appendix, Listings 2–4) and gsm_symbolic.
+"""Reasoning Gym tasks: task files (the paper's families among them), ``rg:NAME`` and gsm_symbolic.
 
-Each family is a ``CompositeDataset`` of its listed datasets, weight 1 each, with the listed
-config overrides. Items are deterministic functions of (seed, index): Reasoning Gym seeds
-item ``i`` with ``Random(seed + i)`` in every dataset used here, and the composite's virtual
+A task file is a ``CompositeDataset`` of its datasets, weights and configs (``task_files``);
+``rg:NAME`` and gsm_symbolic are one dataset at its defaults. Items are deterministic
+functions of (seed, index): Reasoning Gym seeds item ``i`` with ``Random(seed + i)`` in the
+composite and in the datasets of the packaged families, and the composite's virtual
 size is fixed at ``STREAM_SIZE`` whatever ``limit`` asks for, so item ``i`` of a limited split
 is item ``i`` of the full one and a limit only generates what it returns.
 
@@ -37,48 +38,10 @@ from typing import Any
 
 from musketeers.cache.items import Item
 from musketeers.cache.progress import progress
+from musketeers.cache.store import store_name
 
-from .variants import members, parse_task, system_prompt
-
-FAMILIES: dict[str, tuple[tuple[str, dict[str, Any]], ...]] = {
-    # Listing 2
-    "arithmetic": (
-        ("complex_arithmetic", {}),
-        ("intermediate_integration", {}),
-        ("polynomial_equations", {}),
-        ("polynomial_multiplication", {}),
-        ("simple_geometry", {}),
-        ("bitwise_arithmetic", {}),
-        ("chain_sum", {}),
-        ("decimal_arithmetic", {}),
-        ("decimal_chain_sum", {}),
-    ),
-    # Listing 3
-    "algorithmic": (
-        ("ab", {}),
-        ("base_conversion", {}),
-        ("binary_alternation", {"p_solvable": 0.9}),
-        ("binary_matrix", {"min_n": 2, "max_n": 6}),
-        ("caesar_cipher", {"max_words": 10}),
-        ("cryptarithm", {}),
-        ("isomorphic_strings", {"max_string_length": 8}),
-        ("jugs", {"difficulty": 6}),
-        ("rotate_matrix", {"min_n": 2, "max_n": 6}),
-        ("string_manipulation", {"max_string_length": 15, "max_num_rules": 6}),
-    ),
-    # Listing 4
-    "logic": (
-        ("aiw", {}),
-        ("circuit_logic", {}),
-        ("knights_knaves", {}),
-        ("propositional_logic", {}),
-        ("self_reference", {}),
-        ("syllogism", {}),
-        ("zebra_puzzles", {}),
-    ),
-}
-SINGLES: dict[str, dict[str, Any]] = {"gsm_symbolic": {}}
-RG_TASKS = (*FAMILIES, *SINGLES)
+from .task_files import load_task_file, packaged, packaged_files
+from .variants import is_composite, members, parse_task, system_prompt
 
 SPLIT_SIZES = {"train": 16_000, "val": 4_000}
 SEEDS = {"train": 1_000, "val": 1_000_000}  # streams never reach 999k entries (STREAM_SIZE)
@@ -94,33 +57,52 @@ def split_of(question: str) -> str:
 
 
 def dataset_config(name: str) -> dict[str, Any]:
-    """Our config overrides for a Reasoning Gym dataset name ({} when it has none)."""
-    for family in FAMILIES.values():
-        for member, cfg in family:
-            if member == name:
-                return cfg
-    return SINGLES.get(name, {})
+    """The config of dataset ``name`` in the first packaged family that lists it ({} when none
+    does): the scorer's config for an item whose task is not known (a hand-made item)."""
+    for family in packaged_files():
+        for d in packaged(family).datasets:
+            if d.name == name:
+                return d.config
+    return {}
 
 
 def task_members(task: str) -> tuple[tuple[str, dict[str, Any]], ...]:
     """(dataset, config) of every member of a Reasoning Gym task name (level included)."""
-    name = parse_task(task)
-    if name.base in SINGLES:
-        return ((name.base, SINGLES[name.base]),)
-    return members(name, FAMILIES)
+    return tuple((d.name, d.config) for d in members(parse_task(task)))
+
+
+def task_id(task: str) -> str:
+    """The task's name in its items' ids and its spec: a task file's path spelled any way
+    gives the same items (``store_name``)."""
+    return store_name(task)
+
+
+def scorer_config(item_id: str, source: str) -> dict[str, Any]:
+    """The config the item's own task gave dataset ``source``: its scorer is built with it
+    (Reasoning Gym's composite grades with its member datasets, configs included). The id
+    names the task; a task not resolved in this process falls back to ``dataset_config``."""
+    task = item_id.rsplit("-", 2)[0]
+    cfg = _RESOLVED.get(task, {}).get(source)
+    return dict(dataset_config(source) if cfg is None else cfg)
+
+
+# task id -> {dataset: config} of every task whose items were built in this process
+_RESOLVED: dict[str, dict[str, dict[str, Any]]] = {}
 
 
 @cache
 def make_dataset(task: str, split: str):
-    """The split's stream: a composite (families) or a single dataset, fixed seed and size."""
+    """The split's stream: a composite (task files) or a single dataset, fixed seed and size."""
     import reasoning_gym
     from reasoning_gym.composite import CompositeConfig, CompositeDataset, DatasetSpec
 
     seed = SEEDS[split]
-    base = parse_task(task).base
-    if base in SINGLES:
-        return reasoning_gym.create_dataset(base, seed=seed, size=STREAM_SIZE, **SINGLES[base])
-    specs = [DatasetSpec(name=n, weight=1, config=dict(c)) for n, c in task_members(task)]
+    name = parse_task(task)
+    if not is_composite(name):
+        (d,) = members(name)
+        return reasoning_gym.create_dataset(d.name, seed=seed, size=STREAM_SIZE, **d.config)
+    specs = [DatasetSpec(name=d.name, weight=d.weight, config=dict(d.config))
+             for d in members(name)]
     return CompositeDataset(CompositeConfig(size=STREAM_SIZE, seed=seed, datasets=specs))
 
 
@@ -131,14 +113,15 @@ def entry_to_json(entry: dict[str, Any]) -> str:
 
 def build_rg_items(task: str, split: str, n: int) -> list[Item]:
     """The first ``n`` items of ``split``, generated under ``PYTHONHASHSEED=0``."""
+    _RESOLVED[task_id(task)] = dict(task_members(task))
     prebuild([(task, split, n)])
-    return list(_built(task, split, n))
+    return list(_built(task_id(task), task, split, n) or ())
 
 
-def _built(task: str, split: str, n: int) -> tuple[Item, ...] | None:
+def _built(key: str, task: str, split: str, n: int) -> tuple[Item, ...] | None:
     # item i never depends on n, so a longer list already built answers a shorter request
-    done = max((m for (t, s, m) in _BUILT if (t, s) == (task, split) and m >= n), default=None)
-    return None if done is None else _BUILT[task, split, done][:n]
+    done = max((m for (t, s, m) in _BUILT if (t, s) == (key, split) and m >= n), default=None)
+    return None if done is None else _BUILT[key, split, done][:n]
 
 
 def prebuild(requests: list[tuple[str, str, int]]) -> None:
@@ -147,21 +130,23 @@ def prebuild(requests: list[tuple[str, str, int]]) -> None:
     Saves the child's start-up (importing Reasoning Gym) per split: callers that need both
     splits of a task (precompute, tests) ask for them together.
     """
+    # a task file's path spelled two ways, or edited between calls, is told apart by its id
+    requests = [(task_id(t), t, s, n) for t, s, n in requests]
     todo = [r for r in requests if _built(*r) is None]
     if not todo:
         return
     if not sys.flags.hash_randomization:
-        for r in todo:
-            _BUILT[r] = tuple(_generate(*r))
+        for key, task, split, n in todo:
+            _BUILT[key, split, n] = tuple(_generate(task, split, n))
         return
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     level = logging.getLogger("musketeers.progress").getEffectiveLevel()
-    code = f"from {__name__} import _child; _child({todo!r}, {level})"
+    code = f"from {__name__} import _child; _child({[r[1:] for r in todo]!r}, {level})"
     # stderr is inherited: the child's progress bar or log lines reach the user
     out = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                          check=True).stdout
-    for r, rows in zip(todo, json.loads(out), strict=True):
-        _BUILT[r] = tuple(Item(**row) for row in rows)
+    for (key, _, split, n), rows in zip(todo, json.loads(out), strict=True):
+        _BUILT[key, split, n] = tuple(Item(**row) for row in rows)
 
 
 _BUILT: dict[tuple[str, str, int], tuple[Item, ...]] = {}
@@ -171,6 +156,7 @@ def _generate(task: str, split: str, n: int) -> list[Item]:
     """The first ``n`` items of ``split``: streamed entries whose question belongs to it."""
     ds = make_dataset(task, split)
     system = system_prompt(parse_task(task).prompt)
+    name = task_id(task)
     items: list[Item] = []
     idx = 0
     with progress(f"{task} {split} items", total=n) as bar:
@@ -182,10 +168,10 @@ def _generate(task: str, split: str, n: int) -> list[Item]:
             question = entry["question"]
             if split_of(question) != split:
                 continue
-            source = entry.get("metadata", {}).get("source_dataset", task)
+            source = entry.get("metadata", {}).get("source_dataset", name)
             answer = entry.get("answer")
             items.append(Item(
-                id=f"{task}-{split}-{len(items):05d}",
+                id=f"{name}-{split}-{len(items):05d}",
                 question=question,
                 system=system,
                 answer=None if answer is None else str(answer),
@@ -201,11 +187,12 @@ def rg_task_spec(task: str) -> dict[str, Any]:
     import reasoning_gym
 
     name = parse_task(task)
-    spec = {
-        "task": task,
+    spec: dict[str, Any] = {
+        "task": task_id(task),
         "generator": f"reasoning_gym=={getattr(reasoning_gym, '__version__', '?')}",
-        "kind": "composite" if name.base in FAMILIES else "dataset",
-        "datasets": [{"name": n, "weight": 1, "config": dict(c)} for n, c in task_members(task)],
+        "kind": "composite" if is_composite(name) else "dataset",
+        "datasets": [{"name": d.name, "weight": d.weight, "config": dict(d.config)}
+                     for d in members(name)],
         "seeds": dict(SEEDS),
         "sizes": dict(SPLIT_SIZES),
         "stream_size": STREAM_SIZE,
@@ -214,8 +201,9 @@ def rg_task_spec(task: str) -> dict[str, Any]:
     }
     if name.level:  # stores written before levels existed keep their fingerprint
         spec["level"] = name.level
+    if name.is_file:  # an edited file, even one whose datasets read the same, is another task
+        spec["file_sha256"] = load_task_file(name.base).sha256
     return spec
-
 
 
 def _child(requests: list[tuple[str, str, int]], level: int) -> None:

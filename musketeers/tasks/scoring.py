@@ -134,23 +134,26 @@ def exact_match(answer: str | None, gold: str | None) -> float:
 
 
 @cache
-def _rg_scorer(source: str):
-    """``score_answer`` of the Reasoning Gym dataset ``source``, built with our config for it.
+def _rg_scorer(source: str, config_json: str | None):
+    """``score_answer`` of the Reasoning Gym dataset ``source``, built with ``config_json``
+    (the config the item's task gave it; None: ``dataset_config``'s).
 
     A composite entry names its sub-dataset in ``metadata["source_dataset"]``; the scorer of
-    that sub-dataset (not the composite's) grades it, so the JSON entry alone is enough.
+    that sub-dataset (not the composite's) grades it, with that dataset's config, as Reasoning
+    Gym's composite does: some scorers read their config (decimal_arithmetic's tolerance).
     """
     import reasoning_gym
 
     from .reasoning_gym_tasks import dataset_config
 
-    cfg = dict(dataset_config(source))
+    cfg = dict(dataset_config(source) if config_json is None else json.loads(config_json))
     cfg.setdefault("seed", 0)
     cfg.setdefault("size", 1)
     return reasoning_gym.create_dataset(source, **cfg).score_answer
 
 
-def _grade_rg(source: str, answer: str | None, entry_json: str) -> float:
+def _grade_rg(source: str, answer: str | None, entry_json: str,
+              config_json: str | None = None) -> float:
     """The grade, or 0.0 for an answer outside the grammar of a scorer that evaluates it, or
     one of the forgeries its scorer would reward (``hardening``)."""
     entry = json.loads(entry_json)
@@ -159,11 +162,12 @@ def _grade_rg(source: str, answer: str | None, entry_json: str) -> float:
         return 0.0  # an edited store: the entry's evaluated field is not an expression
     if not answer_grammar.admits(source, answer, entry) or hardening.forged(answer, entry):
         return 0.0
-    return float(_rg_scorer(source)(answer, entry))
+    return float(_rg_scorer(source, config_json)(answer, entry))
 
 
 def _serve(root: str, private: bool = True) -> None:
-    """The scorer child: per request line ``[id, source, answer, entry_json]``, one reply line
+    """The scorer child: per request line ``[id, source, answer, entry_json, config_json]``,
+    one reply line
     ``{"id": id, "score": grade}``. ``root``: its temporary directory (see ``sandbox``).
     ``private=False`` leaves the protocol on fds 0 and 1 (only tests want that)."""
     import resource
@@ -180,11 +184,11 @@ def _serve(root: str, private: bool = True) -> None:
     replies.flush()
     for line in requests:
         try:
-            request_id, source, answer, entry_json = json.loads(line)
+            request_id, source, answer, entry_json, config_json = json.loads(line)
         except Exception:  # not a request: nothing to answer to
             continue
         try:
-            value = _grade_rg(source, answer, entry_json)
+            value = _grade_rg(source, answer, entry_json, config_json)
         except Exception:  # a scorer bug on hostile text is a zero reward
             value = 0.0
         if not 0.0 <= value <= 1.0:  # NaN included; the parent takes nothing else
@@ -271,7 +275,8 @@ class _ScorerWorker:
             self._root = None
         self._buffer = b""
 
-    def _ask(self, source: str, answer: str | None, entry_json: str) -> float | None:
+    def _ask(self, source: str, answer: str | None, entry_json: str,
+             config_json: str | None) -> float | None:
         """The child's grade; None on timeout or death; raises ``_Misbehaved``."""
         if self._owner != os.getpid():  # forked: the child and its pipes are the parent's
             self._proc, self._root, self._buffer, self._owner = None, None, b"", os.getpid()
@@ -283,8 +288,8 @@ class _ScorerWorker:
             raise _Misbehaved("output between requests")
         request_id = secrets.token_hex(8)  # unguessable: a forged reply cannot name it
         try:
-            self._proc.stdin.write((json.dumps([request_id, source, answer, entry_json]) + "\n")
-                                   .encode())
+            request = [request_id, source, answer, entry_json, config_json]
+            self._proc.stdin.write((json.dumps(request) + "\n").encode())
             self._proc.stdin.flush()
         except (BrokenPipeError, OSError, ValueError):
             return None
@@ -300,11 +305,12 @@ class _ScorerWorker:
             raise _Misbehaved(f"not the reply to {request_id}: {line[:80]!r}")
         return value
 
-    def __call__(self, source: str, answer: str | None, entry_json: str) -> float:
+    def __call__(self, source: str, answer: str | None, entry_json: str,
+                 config_json: str | None = None) -> float:
         with self._lock:
             for attempt in (1, 2):
                 try:
-                    value = self._ask(source, answer, entry_json)
+                    value = self._ask(source, answer, entry_json, config_json)
                 except _Misbehaved as exc:
                     log.warning("scorer worker misbehaved (%s); restarting it (try %d of 2)",
                                 exc, attempt)
@@ -324,7 +330,10 @@ atexit.register(_WORKER.stop)  # its temporary directory goes with it
 
 
 def _rg_score(item: Item, answer: str | None) -> float:
-    return _WORKER(item.source, answer, item.entry)
+    from .reasoning_gym_tasks import scorer_config
+
+    config = json.dumps(scorer_config(item.id, item.source), sort_keys=True)
+    return _WORKER(item.source, answer, item.entry, config)
 
 
 _SCORERS = {
