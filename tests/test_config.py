@@ -71,7 +71,7 @@ def test_yaml_errors_name_the_key(tmp_path, data, match):
     ("method", "transformer", "perceiver, no_cross_attn, hard_routing, output_collab, single"),
     ("pooling", "max", "last, first_token, random_token, first_layer, random_layer, mean"),
     ("budget", "huge", "smoke, pocket, paper"),
-    ("task", "chess", "algorithmic, arithmetic"),
+    ("task", "chess", "arithmetic, algorithmic"),
     ("advantage", "ppo", "group, loo"),
     ("loss_norm", "sum", "token, sequence, constant"),
     ("context_position", "middle", "before_generation_prompt, after_prompt, before_prompt"),

@@ -46,7 +46,7 @@ def gold_text(item) -> str:
 
 
 def test_tasks_listed():
-    assert TASKS == ("algorithmic", "arithmetic", "logic", "gsm8k", "gsm_symbolic", "planted")
+    assert TASKS == ("arithmetic", "algorithmic", "logic", "gsm8k", "gsm_symbolic", "planted")
 
 
 @pytest.mark.parametrize("task", RG)
@@ -129,9 +129,9 @@ def test_task_spec_matches_the_appendix():
 
 @pytest.mark.parametrize("bad", ["nope", "GSM8K", ""])
 def test_unknown_task_lists_valid_names(bad):
-    with pytest.raises(UserError, match="valid: algorithmic, arithmetic, logic"):
+    with pytest.raises(UserError, match="valid: arithmetic, algorithmic, logic"):
         build_items(bad, "train", 2)
-    with pytest.raises(UserError, match="unknown task .*; valid: algorithmic"):
+    with pytest.raises(UserError, match="unknown task .*; valid: arithmetic"):
         task_spec(bad)
 
 

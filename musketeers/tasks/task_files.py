@@ -68,8 +68,12 @@ def packaged_dir() -> Path:
 
 
 def packaged_files() -> dict[str, Path]:
-    """The named tasks shipped with the package, by name (the file's stem)."""
-    return {p.stem: p for p in sorted(packaged_dir().glob("*.yaml"))}
+    """The named tasks shipped with the package, by name (the file's stem): the paper's three
+    families first, in its order (``--task all`` and every listing follow it), then the rest."""
+    paper = ("arithmetic", "algorithmic", "logic")
+    order = {name: i for i, name in enumerate(paper)}
+    files = sorted(packaged_dir().glob("*.yaml"), key=lambda p: (order.get(p.stem, 9), p.stem))
+    return {p.stem: p for p in files}
 
 
 def rg_datasets() -> tuple[str, ...]:
