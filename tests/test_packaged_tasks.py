@@ -50,6 +50,11 @@ SPECS = {
     "algorithmic:easier@simple": "408fa1895a33ac5a",
     "algorithmic:easier@direct": "6b805cc6d9fcfc0a",
     "algorithmic:easier@chain_of_draft": "f6c918a16e981fd2",
+    "algorithmic:fair": "48f6690c9b942834",
+    "algorithmic:fair@default": "6d89d271a9f2533c",
+    "algorithmic:fair@simple": "6e662af8e33355d3",
+    "algorithmic:fair@direct": "200b5547418de028",
+    "algorithmic:fair@chain_of_draft": "7846b964c2ba730f",
     "logic": "d5c43bf539156af4",
     "logic@default": "ff9f17b949a639db",
     "logic@simple": "0d9269934e07ead4",
@@ -103,3 +108,24 @@ def first_items():
 
 def test_every_packaged_family_and_level_keeps_its_items(first_items):
     assert {t: v for t, v in first_items.items() if v != ITEMS[t]} == {}
+
+
+SHORTCUT_SHARE = 0.10  # the most a constant answer or a copied input may score on a dataset
+
+
+def shortcut_exact(task: str) -> dict[str, float]:
+    from musketeers.tasks.forgeries import measure
+
+    return {r.source: max(r.constant_exact, r.copy_exact)
+            for r in measure(build_items(task, "val", 200))}
+
+
+def test_the_fair_level_has_no_dataset_a_shortcut_answers():
+    """The fair level keeps every dataset's shortcuts under the stated share; the easier level
+    it replaces does not (one constant answers binary_alternation), so the check can fail."""
+    fair = shortcut_exact("algorithmic:fair@direct")
+    assert set(fair) == {"base_conversion", "rotate_matrix", "string_manipulation",
+                         "spell_backward"}
+    assert {s: v for s, v in fair.items() if v > SHORTCUT_SHARE} == {}
+    easier = shortcut_exact("algorithmic:easier@direct")
+    assert easier["binary_alternation"] > 0.4 and easier["isomorphic_strings"] > 0.4
