@@ -45,16 +45,18 @@ def ablate(
         "run so far); the rest waits for the next invocation")] = None,
 ) -> None:
     """Precompute what is missing, run every unfinished run of the grid, evaluate, report."""
-    from musketeers.reports.grid import load_grid, run_grid
-    from musketeers.reports.ledger import ledger_path
-    from musketeers.reports.needs import ensure_cache
-    from musketeers.reports.publish import (
+    from musketeers.grid.ledger import ledger_path
+    from musketeers.grid.needs import ensure_cache
+    from musketeers.grid.publish import (
         adopt_published,
         publish_ledger,
         publish_run,
         publish_runs,
         set_aside_published,
     )
+    from musketeers.grid.run import run_grid
+    from musketeers.grid.walltime import wall_time_lines
+    from musketeers.gridspec import load_grid
     from musketeers.reports.report import report_dir, write_report
 
     task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
@@ -88,7 +90,7 @@ def ablate(
                       "and run again)" if result.stale else "")
                    + (f"; {len(result.left)} left for the next invocation (--hours {hours:g})"
                       if result.left else ""))
-    path = write_report(g, runs_dir, reports_dir)
+    path = write_report(g, runs_dir, reports_dir, wall_time=wall_time_lines(g, runs_dir))
     copied = publish_runs(g, runs_dir, path.parent / "runs")
     typer.echo(f"report: {path} (with the artefacts of {len(copied)} finished runs under "
                f"{path.parent / 'runs'}: commit that folder to publish the result)")

@@ -3,7 +3,7 @@ claims, declared once.
 
 A ``Part`` is what one table, figure or claim needs: a few entries of TrainConfig fields (a
 list value is swept), on the paper's task families. The grids (``configs/ablations/*.yaml``)
-are overlays on this design: a budget (``config.BUDGETS``, the size of every run), the seeds,
+are overlays on this design: a budget (``budgets.BUDGETS``, the size of every run), the seeds,
 which families run as which task (``arithmetic`` as ``arithmetic:easier@direct`` in the pocket
 grid), the policy and roster, and per part whether it runs on every seed or the first, in
 which stage, restricted to which values (``only``), with which extra fields (``set``). The

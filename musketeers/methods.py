@@ -104,6 +104,14 @@ def get(name: str) -> Method:
         raise UserError(f"unknown method '{name}'; valid: {', '.join(REGISTRY)}") from None
 
 
+def ignored(method: Any) -> tuple[str, ...]:
+    """Config fields that change nothing ``method`` computes (the registry's ``ignores``):
+    dropped from its run name, its table group and its staleness check. Empty for a name the
+    registry does not know (an old run folder's), so such a run still reads, ungrouped."""
+    spec = REGISTRY.get(str(method))
+    return spec.ignores if spec else ()
+
+
 def names() -> tuple[str, ...]:
     return tuple(REGISTRY)
 

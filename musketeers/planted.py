@@ -25,16 +25,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from musketeers.cache import from_memory, layout
 from musketeers.cache import store as st
-from musketeers.cache.devices import resolve_dtype
 from musketeers.cache.errors import UserError
 from musketeers.cache.items import items_fingerprint
 from musketeers.config import TrainConfig, resolve_config
 from musketeers.planted_chat import CHAT_STEPS, chat_overrides
 from musketeers.reports.aggregate import mean_std
+from musketeers.tiny_llama import tiny_llama
 
 # No name below is known to the trainer: the team is a team file written beside the store and
 # the policy a ``module:function`` factory, the paths any user's own team and model take.
@@ -116,26 +115,6 @@ def planted_tokenizer():
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]",
                                    eos_token="[EOS]")
-
-
-def tiny_llama(cfg: TrainConfig, tokenizer: Any):
-    """A tiny random llama over ``tokenizer``'s vocabulary, seeded by ``cfg.seed``."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(cfg.seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-                         max_position_embeddings=256, pad_token_id=tokenizer.pad_token_id,
-                         bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
-                         tie_word_embeddings=False,
-                         # a frozen head initialised at 0.02 caps logit gaps near 1, and LoRA
-                         # (q, v only) cannot widen them: the policy could never be confident
-                         initializer_range=0.2)
-    # initialised in float32 whatever the dtype, so a seed draws the same weights in each
-    model = LlamaForCausalLM(config).to(cfg.device, resolve_dtype(cfg.dtype, cfg.device))
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model
 
 
 def planted_policy(cfg: TrainConfig):

@@ -8,9 +8,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from musketeers.budgets import BUDGETS
 from musketeers.cache.errors import UserError
 from musketeers.config import (
-    BUDGETS,
     TrainConfig,
     read_run_config,
     resolve_config,

@@ -8,10 +8,12 @@ import pytest
 import yaml
 
 from musketeers import experiment
+from musketeers.budgets import BUDGETS
 from musketeers.cache.errors import UserError
-from musketeers.config import BUDGETS, resolve_config
-from musketeers.reports.grid import BUDGETS as GRID_BUDGETS
-from musketeers.reports.grid import grid_file, load_grid, stale_fields
+from musketeers.config import resolve_config
+from musketeers.grid.status import stale_fields
+from musketeers.gridspec import BUDGETS as GRID_BUDGETS
+from musketeers.gridspec import grid_file, load_grid
 from musketeers.reports.report import report_dir
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ import yaml
 from typer.testing import CliRunner
 
 from musketeers.cli.main import app
-from musketeers.reports.grid import load_grid
+from musketeers.gridspec import load_grid
 from musketeers.reports.tables import TABLE1, TABLE2, TASK_TITLES
 
 REPO = Path(__file__).resolve().parents[1]

@@ -44,8 +44,8 @@ def regime(name: str) -> dict[str, Any]:
     is measured on the step the grid runs, not on a copy of it that can fall behind."""
     if name == "issue3":
         return dict(ISSUE3)
-    from musketeers.config import BUDGETS
-    from musketeers.reports.grid import grid_file
+    from musketeers.budgets import BUDGETS
+    from musketeers.gridspec import grid_file
 
     raw = yaml.safe_load(grid_file("pocket").read_text())
     size, defaults = BUDGETS["pocket"], raw.get("defaults") or {}

@@ -15,8 +15,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from musketeers.reports.grid import Grid, is_finished, run_status
-from musketeers.reports.ledger import ledger_path
+from musketeers.grid.ledger import ledger_path
+from musketeers.grid.status import run_status
+from musketeers.gridspec import Grid
+from musketeers.runfolder import is_finished
 from musketeers.runlog import eval_files
 
 ARTEFACTS = ("config.yaml", "metrics.jsonl", "summary.json", "fingerprints.json", "inputs.json",

@@ -4,15 +4,16 @@ how long it still needs)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from musketeers import methods
 from musketeers.config import TrainConfig
+from musketeers.grid.ledger import PHASES, ledger_path, run_seconds, totals
+from musketeers.gridspec import Grid
 from musketeers.reports.aggregate import Run, group_key
-from musketeers.reports.grid import Grid
-from musketeers.reports.ledger import PHASES, ledger_path, run_seconds, totals
 
 
 def measured_wall_time(runs_dir: Path, grid_name: str) -> list[str]:
@@ -92,3 +93,14 @@ def wall_time_by_stage(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]
             "mean of the done runs of its kind: family, steps, evaluations, whether it reads "
             "experts; a kind not done in its family from another family's, scaled by the "
             "kinds both have done): " + "; ".join(parts)]
+
+
+def wall_time_lines(grid: Grid, runs_dir: Path) -> Callable[[list[Run]], list[str]]:
+    """The report's wall-time lines for ``grid`` run under ``runs_dir``: what its ledger
+    measured, then each stage's hours (``write_report``'s ``wall_time``)."""
+
+    def lines(runs: list[Run]) -> list[str]:
+        return [*measured_wall_time(runs_dir, grid.name),
+                *wall_time_by_stage(grid, runs, runs_dir)]
+
+    return lines
