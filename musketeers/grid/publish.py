@@ -12,6 +12,8 @@ reports/pocket/runs`` rebuilds the report from it anywhere, and copying its runs
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shutil
 from pathlib import Path
 
@@ -77,12 +79,25 @@ def set_aside_published(published: Path, name: str, kept_as: str) -> Path | None
 
 
 def publish_ledger(grid: Grid, runs_dir: Path, dest: Path) -> None:
-    ledger = ledger_path(runs_dir, grid.name)
+    """Merge the local ledger into the published one: every call once, the published calls
+    first. Workers of one grid (``--shard``) publish into one folder, each its own calls."""
+    ledger, theirs = ledger_path(runs_dir, grid.name), ledger_path(dest, grid.name)
     # a symlinked ledger would publish whatever it points at, as artefacts would
-    if regular_file(ledger, ledger.parent) and \
-            ledger.resolve() != ledger_path(dest, grid.name).resolve():
-        dest.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(ledger, ledger_path(dest, grid.name), follow_symlinks=False)
+    if not regular_file(ledger, ledger.parent) or ledger.resolve() == theirs.resolve():
+        return
+    dest.mkdir(parents=True, exist_ok=True)
+    folder = os.open(dest, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)  # two workers merging at once would lose calls
+        seen = [line for line in theirs.read_text().splitlines() if line] \
+            if regular_file(theirs, dest) else []
+        known = set(seen)
+        mine = [line for line in ledger.read_text().splitlines() if line and line not in known]
+        tmp = dest / f".{theirs.name}.tmp"
+        tmp.write_text("".join(f"{line}\n" for line in [*seen, *mine]))
+        tmp.replace(theirs)
+    finally:
+        os.close(folder)  # and with it the lock
 
 
 def adopt_published(grid: Grid, runs_dir: Path, published: Path) -> list[str]:
