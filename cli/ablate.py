@@ -97,11 +97,11 @@ def ablate(
         adopted = adopt_published(g, runs_dir, published)
         if adopted:
             typer.echo(f"{len(adopted)} finished runs adopted from {published} (earlier "
-                       "sessions' published results); the grid goes on from there")
+                       "invocations' published results); the grid goes on from there")
         ledger = ledger_path(runs_dir, g.name)
         ensure_cache(g, g.precompute, gsm8k_dir=gsm8k_dir, ledger=ledger)
 
-        def publish(run, run_dir: Path) -> None:  # each run as it ends: a session may not
+        def publish(run, run_dir: Path) -> None:  # each run as it ends: the machine may not
             publish_run(run_dir, published / run.name)
             publish_ledger(g, runs_dir, published)
 

@@ -38,7 +38,7 @@ _register_commands()
 
 
 def _exit_on_sigterm() -> None:
-    """Turn SIGTERM (``kill``, a scheduler's time limit, a closing session) into SystemExit.
+    """Turn SIGTERM (``kill``, a scheduler's time limit, a closing terminal) into SystemExit.
 
     Python's default SIGTERM ends the process at once, skipping every ``finally``: a grid's
     ledger would then never record the interrupted call's time. As an exception it unwinds

@@ -8,7 +8,7 @@ and — for the controls — which signal it breaks. Data loading, run naming, t
 precompute needs, tables, claims and the fake-run generator read this table; adding a
 method is one ``register(Method(...))`` call.
 
-The controls are the evidence behind every claim (issue "Evidence on a CPU"):
+The controls are the evidence behind every claim:
 
 - ``shuffled_experts``: Ours, but each item reads another item's expert vectors (a seeded
   derangement, fixed for the run): only the experts' static signatures remain, not what they

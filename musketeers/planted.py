@@ -179,15 +179,9 @@ def run_planted(seeds: list[int], steps: int, workdir: Path,
 
 
 # Training length and seeds the check is sized for. Its dynamics are chaotic at the level of
-# rounding: a change of summation order alone (completions scored in chunks by length, issue
-# 19) moved seed 2's reward at 50 steps from 0.306 to 0.277 and seed 1's oracle gain from above
-# its control's to below. Measured on an AMD EPYC (AVX2), seeds 0-7 (new code): at 50 steps
-# reward last 0.21-0.60, and oracle gain over its control -0.014 to +0.155 (mean +0.040, 2 SE
-# 0.039); at 100 steps reward 0.19-0.86, Ours' reward gain above its control's on every seed
-# (by 0.09-0.75), oracle gain over control +0.005 to +0.094 (mean +0.051, 2 SE 0.024), ρ below
-# its control's on every seed (mean -0.80). Single seeds stay slow (seed 5: 0.19 at 100
-# steps), so only what holds on every seed is asked of each seed; the rest is judged on the
-# seeds' paired differences, which clear 2 SE with 8 seeds.
+# rounding (a change of summation order alone moves one seed across its control), so each seed
+# is asked only what held on all 8 seeds measured at 100 steps; the rest is judged on the
+# seeds' paired differences, which cleared 2 SE there.
 STEPS = 100
 SEEDS = tuple(range(8))
 MIN_SEEDS = 3  # fewer give no standard error worth the name

@@ -108,7 +108,7 @@ def _published_grids() -> list[tuple[str, Path]]:
 def test_published_runs_are_runs_of_their_grid_as_it_stands(source, folder):
     """What a published runs folder holds was trained under its grid's current settings: a
     change to the design or a grid YAML that would make a published run stale fails here,
-    before a new session sets it aside and trains it again (or a kept result stops being
+    before a later invocation sets it aside and trains it again (or a kept result stops being
     rebuildable)."""
     published = sorted(Path(folder).glob("pocket-*/config.yaml"))
     if not published:

@@ -601,7 +601,7 @@ def test_ledger_sums_every_phase_across_resumed_invocations(tmp_path: Path):
 
 
 def test_a_store_computed_again_on_another_machine_counts_once(tmp_path: Path):
-    """Stores do not outlive a session everywhere: the grid resumed elsewhere precomputes the
+    """Stores do not outlive a machine everywhere: the grid resumed elsewhere precomputes the
     same store again, and one uninterrupted invocation would have done that once."""
     from musketeers.grid.ledger import totals
 

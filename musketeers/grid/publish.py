@@ -1,7 +1,7 @@
 """A grid's published result: the report folder holds every finished run's small artefacts.
 
-Run folders (``runs/``) and stores are machine-local and gitignored; a grid outlasts a session
-and moves between machines. So after each grid call the report folder
+Run folders (``runs/``) and stores are machine-local and gitignored; a grid outlasts one
+invocation and moves between machines. So after each grid call the report folder
 (``reports/<budget>/``) gets ``runs/<name>/`` with what a report is rebuilt from — the resolved
 config, metrics.jsonl, summary.json, eval*.json, the evaluated completions, fingerprints — and
 the grid's wall-time ledger; never checkpoints or stores. Committing ``reports/pocket/``
@@ -103,8 +103,8 @@ def publish_ledger(grid: Grid, runs_dir: Path, dest: Path) -> None:
 def adopt_published(grid: Grid, runs_dir: Path, published: Path) -> list[str]:
     """Copy into ``runs_dir`` every run of the grid that is done (trained and evaluated) in the
     published folder but not in ``runs_dir``, and merge the published ledger into the local
-    one; returns the names adopted. This is how a grid goes on on another machine or in a new
-    session: the committed report folder holds what earlier sessions finished, the grid
+    one; returns the names adopted. This is how a grid goes on on another machine or in a later
+    invocation: the committed report folder holds what earlier ones finished, the grid
     skips those runs (after the usual check that their settings are the grid's) and runs the
     rest. A local run folder is never overwritten."""
     runs_dir, published = Path(runs_dir), Path(published)
@@ -122,7 +122,7 @@ def adopt_published(grid: Grid, runs_dir: Path, published: Path) -> list[str]:
         mine = [line for line in ours.read_text().splitlines() if line] \
             if ours.is_file() else []
         new = [line for line in theirs.read_text().splitlines() if line and line not in mine]
-        if new:  # calls of earlier sessions, each line once, before this session's
+        if new:  # earlier invocations' calls, each line once, before this one's
             ours.parent.mkdir(parents=True, exist_ok=True)
             ours.write_text("\n".join(new + mine) + "\n")
     return adopted

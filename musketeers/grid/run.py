@@ -110,8 +110,8 @@ def run_grid(
 
     ``hours`` bounds this invocation: a run is not started when it would end past it, judged
     by the longest run this invocation has finished (so the first always starts). What is
-    left stays to do, for the same command to pick up; a session or a night that ends at a
-    known time then stops between runs instead of losing one half-trained.
+    left stays to do, for the same command to pick up; a night or a machine lease that ends
+    at a known time then stops between runs instead of losing one half-trained.
     """
     train_fn = train_fn or _default_train_fn
     eval_fn = eval_fn or _default_eval_fn

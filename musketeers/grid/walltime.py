@@ -1,6 +1,6 @@
 """What a grid's runs cost in wall time: the ledger's measured totals, and each stage's whole
-wall time projected from the runs done so far (a grid outlasts a session, so the report says
-how long it still needs)."""
+wall time projected from the runs done so far (a grid outlasts one invocation, so the report
+says how long it still needs)."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def measured_wall_time(runs_dir: Path, grid_name: str) -> list[str]:
 
 def wall_time_by_stage(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]:
     """Per stage of the grid: its runs done, their measured hours, and the stage's whole
-    wall time projected from them, so a grid that outlasts a session says how long it still
-    needs. A run not done yet costs the mean of the done runs of its kind (family, steps,
+    wall time projected from them, so a grid that outlasts one invocation says how long it
+    still needs. A run not done yet costs the mean of the done runs of its kind (family, steps,
     evaluations, whether it reads experts); with none of its kind in its family, another
     family's runs of its kind scaled by how this family's done runs compare with that
     family's (a family with long prompts costs more for every method, and a method that

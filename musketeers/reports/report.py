@@ -145,7 +145,7 @@ def _runs_table(runs: list[Run]) -> list[str]:
 
 
 # Above this mean fraction of zero-variance groups most of a step's samples teach nothing; the
-# issue that set the pocket regime asks for at most this share over the main runs.
+# pocket regime was sized for at most this share over the main runs.
 WEAK_SIGNAL = 0.5
 
 
