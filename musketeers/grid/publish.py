@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 
 from musketeers.grid.ledger import ledger_path
+from musketeers.grid.portable import REWRITES
 from musketeers.grid.status import run_status
 from musketeers.gridspec import Grid
 from musketeers.runfolder import is_finished
@@ -34,16 +35,22 @@ def regular_file(path: Path, folder: Path) -> bool:
             and path.resolve().parent == folder.resolve())
 
 
-def publish_run(src: Path, dest: Path) -> None:
+def publish_run(src: Path, dest: Path, root: Path | None = None) -> None:
     """Copy one finished run's artefacts from ``src`` to ``dest`` (replaced if it exists);
-    an artefact that is a symlink or not a regular file is left behind."""
+    an artefact that is a symlink or not a regular file is left behind. Paths in them are
+    made relative to ``root`` (default: the working folder) or dropped (``portable``)."""
     if src.is_symlink():
         return
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
     for name in ARTEFACTS:
-        if regular_file(src / name, src):
+        if not regular_file(src / name, src):
+            continue
+        if name in REWRITES:
+            text = (src / name).read_text(errors="replace")
+            (dest / name).write_text(REWRITES[name](text, root or Path.cwd()))
+        else:
             shutil.copyfile(src / name, dest / name, follow_symlinks=False)
 
 
