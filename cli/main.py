@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import signal
 import sys
 
 import typer
+import typer.rich_utils
 
 from musketeers.cache.errors import UserError
 from musketeers.cli import interrupt
+
+# Outside a terminal (a pipe, a file, a test) Rich would lay help out at 80 columns and cut
+# option values short; a width set by the user (TERMINAL_WIDTH, COLUMNS) still wins.
+HELP_WIDTH = 160
+if not sys.stdout.isatty() and not os.environ.get("TERMINAL_WIDTH") \
+        and not os.environ.get("COLUMNS"):
+    typer.rich_utils.MAX_WIDTH = HELP_WIDTH
 
 app = typer.Typer(
     help="Frozen LM experts help a small LoRA policy reason through their hidden states (RLVR).",

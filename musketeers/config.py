@@ -246,6 +246,10 @@ def resolve_config(yaml_path: Path | None = None, overrides: dict[str, Any] | No
         from_yaml = {k: v for k, v in from_yaml.items() if k not in TEAM_KEYS}
     _apply(values, from_yaml, str(yaml_path))
     _apply(values, overrides, "the command line")
+    from musketeers.methods import fixed_steps  # the registry imports torch: only when resolving
+
+    if (steps := fixed_steps(values["method"])) is not None:
+        values["steps"] = steps  # the method decides (untrained: one step, whatever the budget)
     cfg = TrainConfig(**values)
     validate(cfg)
     return cfg

@@ -55,7 +55,7 @@ OURS = {"method": "perceiver", "team": "default"}
 
 DESIGN: tuple[Part, ...] = (
     Part("untrained", "the regime claim: Single after training against its start",
-         ({"method": "untrained", "steps": 1},), first_seed_only=True, stage=0),
+         ({"method": "untrained"},), first_seed_only=True, stage=0),
     Part("table1", "Table 1's main rows and §4.2's claims: Single and Ours per team",
          ({"method": "single"}, {"method": "perceiver", "team": list(TEAMS)})),
     Part("controls", "every claim for Ours is stated against these (Table 1's control rows)",

@@ -19,7 +19,7 @@ from typing import Any
 from musketeers import experiment
 from musketeers.cache.errors import UserError
 from musketeers.grid_yaml import check_grid, read_grid_yaml
-from musketeers.methods import ignored
+from musketeers.methods import fixed_steps, ignored
 
 BUDGETS = ("smoke", "pocket", "paper")
 # Order of the fields in a run's name.
@@ -120,6 +120,8 @@ def load_grid(
                       **(overrides or {})}
             if tasks is not None and fields.get("task") not in tasks:
                 continue
+            if (steps := fixed_steps(fields.get("method"))) is not None:
+                fields["steps"] = steps  # the method's, as `train` would run it
             name = run_name(budget, fields)
             no_ctx = bool(entry.get("eval_no_context"))
             stage = int(entry.get("stage", 1))

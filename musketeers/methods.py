@@ -60,6 +60,8 @@ class Method:
     shuffle_vectors: bool = False  # each item reads another item's expert vectors
     shuffle_rewards: bool = False  # rewards permuted within each update before advantages
     trains: bool = True  # False: every learning rate is 0, so the run scores its start
+    # a fixed number of steps whatever the budget: a run that learns nothing needs one
+    steps: int | None = None
     summary: str = ""
 
     @property
@@ -110,6 +112,13 @@ def ignored(method: Any) -> tuple[str, ...]:
     registry does not know (an old run folder's), so such a run still reads, ungrouped."""
     spec = REGISTRY.get(str(method))
     return spec.ignores if spec else ()
+
+
+def fixed_steps(method: Any) -> int | None:
+    """The steps ``method`` always runs (the registry's ``steps``), None where the budget or
+    the options decide, or for a name the registry does not know."""
+    spec = REGISTRY.get(str(method))
+    return spec.steps if spec else None
 
 
 def names() -> tuple[str, ...]:
@@ -198,7 +207,7 @@ register(Method("zero_context", "Zero context (control)", _zero_context, _VECTOR
                          "adapter_warmup_lr"),
                 summary="C = 0 at every step, nothing in φ trains: Single with m more positions"))
 register(Method("untrained", "Single, untrained (baseline)", None, ignores=("team", *_NO_C),
-                control_of="single", trains=False,
+                control_of="single", trains=False, steps=1,
                 summary="the policy before any update (learning rates 0): what training adds to"))
 
 
