@@ -23,7 +23,8 @@ from musketeers.grid.walltime import wall_time_lines
 from musketeers.gridspec import load_grid, run_name
 from musketeers.reports import aggregate as agg
 from musketeers.reports import series
-from musketeers.reports.claims import compare, paper_claims
+from musketeers.reports.claim_registry import paper_claims
+from musketeers.reports.claims import compare
 from musketeers.reports.report import write_report
 from musketeers.reports.tables import TABLE1, TABLE2, TASK_TITLES, table1_markdown
 from musketeers.reports.verdicts import two_se_clause, within_noise

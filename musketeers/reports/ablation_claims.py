@@ -21,7 +21,7 @@ from musketeers.reports.tables import (
     TABLE2_KEY,
     TASK_TITLES,
     TASKS,
-    table2_cells,
+    table2_cell,
 )
 from musketeers.reports.verdicts import (
     NO_CONTROL,
@@ -119,8 +119,8 @@ def pooling_claim(runs: list[Run], latents: int) -> str:
     gave every item the same vector, the line says so: the cell then matches Last only as far
     as Last's own vectors carry nothing beyond each expert's identity."""
     text = "§4.4: first-token pooling is comparable to last-token pooling"
-    t2 = {label: c for label, c, _ in table2_cells(runs, latents) if c.values}
-    first, last = t2.get("First token (h^(L)_{i,0})"), t2.get("Last (ours, n=3)")
+    first, last = (c if (c := table2_cell(runs, p, latents)).values else None
+                   for p in ("first_token", DEFAULT_POOLING))
     common = first.seeds & last.seeds if first and last else set()
     if not common:
         return claim_line(text, None, "")

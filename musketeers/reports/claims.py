@@ -10,10 +10,8 @@ A claim without its control run is no evidence either way, and says so. Accuracy
 from __future__ import annotations
 
 from musketeers import methods
-from musketeers.reports.ablation_claims import context_claims, latents_claim, pooling_claim
 from musketeers.reports.aggregate import Cell, Run, cell, select
 from musketeers.reports.controls import exact_control, reward_control, seed_spread
-from musketeers.reports.routing_claims import routing_claims
 from musketeers.reports.tables import (
     DEFAULT_LATENTS,
     DEFAULT_POOLING,
@@ -144,53 +142,49 @@ def reward_claim(runs: list[Run], task: str, latents: int) -> str | None:
     return claim_line(text, ahead, clause, noise, verdict)
 
 
-def paper_claims(runs: list[Run], latents: int, families: set[str] | None = None
-                 ) -> list[str]:
-    """The paper's qualitative findings, each tested on our runs (exact, in %), after the
-    regime check (does Single learn at all?) on every task with a Single run and the reward
-    check (does reward, not the updates, raise Ours?) on every task with an Ours run.
-    ``families``: the task families the grid runs at all (None: any), so that a claim about a
-    family it leaves out says so instead of waiting for runs that will never come."""
+def ours_beats_single_claims(runs: list[Run], latents: int) -> list[str]:
+    """§4.2: Ours (Default Team) beats Single, stated against Ours' shuffled-experts control
+    too. The paper's claim is Arithmetic's; every other family where Ours ran is checked
+    too."""
     key = dict(pooling=DEFAULT_POOLING, latents=latents)
-    out = [c for t in TASKS if (c := learns_claim(runs, t, latents)) is not None]
-    out += [c for t in TASKS if (c := reward_claim(runs, t, latents)) is not None]
     single = methods.get("single").label
-    # the paper's claim is Arithmetic's; every other family where Ours ran is checked too
-    for task in [t for t in TASKS if t == "arithmetic" or select(runs, task=t, **key,
-                                                                    **DEFAULT_TEAM)]:
-        out.append(beats_claim(
-            f"§4.2: on {TASK_TITLES[task]}, Ours (Default Team) beats Single"
-            + ("" if task == "arithmetic" else " (the paper: on Arithmetic)"),
-            cell(runs, task=task, **key, **DEFAULT_TEAM),
-            cell(runs, task=task, method="single", **key), single,
-            exact_control(runs, task, latents)))
-    # the paper's methods only: a control is no rival for "best method"
-    logic = {row.label: cells["logic"] for row, cells in table1_cells(runs, latents)
+    return [beats_claim(
+        f"§4.2: on {TASK_TITLES[task]}, Ours (Default Team) beats Single"
+        + ("" if task == "arithmetic" else " (the paper: on Arithmetic)"),
+        cell(runs, task=task, **key, **DEFAULT_TEAM),
+        cell(runs, task=task, method="single", **key), single,
+        exact_control(runs, task, latents))
+        for task in [t for t in TASKS
+                     if t == "arithmetic" or select(runs, task=t, **key, **DEFAULT_TEAM)]]
+
+
+SINGLE_KEY = {"method": "single"}
+
+
+def logic_best_claim(runs: list[Run], latents: int, families: set[str] | None = None
+                     ) -> list[str]:
+    """§4.2: on Logic, Single is the best of the paper's methods (a control is no rival for
+    "best method"). Rows are found by their keys; their labels are only printed."""
+    text = "§4.2: on Logic, Single is the best method"
+    logic = {tuple(sorted(row.key.items())): (row.label, cells["logic"])
+             for row, cells in table1_cells(runs, latents)
              if not row.control and cells["logic"].values}
+    single = tuple(sorted(SINGLE_KEY.items()))
     if single in logic:
-        best = max(logic, key=lambda k: logic[k].mean)
+        best = max(logic, key=lambda k: logic[k][1].mean)
         # the claim's rival: the best other method if Single leads, else Single itself
         rival = single if best != single else max(
-            (k for k in logic if k != single), key=lambda k: logic[k].mean, default=None)
-        noise, why = within_noise(logic[best], logic[rival]) if rival else (False, "")
-        detail = f"best is {best} ({logic[best].mean:.2f})" + (
-            f", then {rival} ({logic[rival].mean:.2f}); {why}" if why else "")
-        out.append(claim_line("§4.2: on Logic, Single is the best method", best == single,
-                              detail, noise))
-    elif families is not None and "logic" not in families:
-        out.append(claim_line("§4.2: on Logic, Single is the best method", None, "this grid runs "
-                              + ", ".join(TASK_TITLES.get(f, f) for f in sorted(families)),
-                              verdict="not in this grid"))
-    else:
-        out.append(claim_line("§4.2: on Logic, Single is the best method", None, ""))
-    out += baseline_claims(runs, latents)
-    tasks = [t for t in TASKS if select(runs, task=t, **key, **DEFAULT_TEAM)] or ["arithmetic"]
-    for task in tasks:
-        out += routing_claims(runs, task, latents)
-    out.append(pooling_claim(runs, latents))
-    out += context_claims(runs, latents)
-    out.append(latents_claim(runs))
-    return out
+            (k for k in logic if k != single), key=lambda k: logic[k][1].mean, default=None)
+        (best_label, best_cell) = logic[best]
+        noise, why = within_noise(best_cell, logic[rival][1]) if rival else (False, "")
+        detail = f"best is {best_label} ({best_cell.mean:.2f})" + (
+            f", then {logic[rival][0]} ({logic[rival][1].mean:.2f}); {why}" if why else "")
+        return [claim_line(text, best == single, detail, noise)]
+    if families is not None and "logic" not in families:
+        return [claim_line(text, None, "this grid runs "
+                           + ", ".join(TASK_TITLES.get(f, f) for f in sorted(families)),
+                           verdict="not in this grid")]
+    return [claim_line(text, None, "")]
 
 
 # Table 1's baselines that the paper ranks below Ours; its §3 says that removing

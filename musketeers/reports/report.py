@@ -14,7 +14,8 @@ import numpy as np
 from musketeers.gridspec import Grid
 from musketeers.methods import ignored
 from musketeers.reports.aggregate import METRICS, Run, group_key, load_runs
-from musketeers.reports.claims import cell_comparisons, paper_claims, routed
+from musketeers.reports.claim_registry import paper_claims
+from musketeers.reports.claims import cell_comparisons, routed
 from musketeers.reports.figures import all_figures
 from musketeers.reports.routing_claims import PAPER_SPEARMAN
 from musketeers.reports.series import mean_spearman
