@@ -1,10 +1,10 @@
-"""Ablation grids: a YAML file per budget lists runs; expand, skip finished runs, run the rest.
+"""Ablation grids, declared: a YAML file per budget lists runs; ``load_grid`` expands them.
 
 A grid entry is a mapping of TrainConfig fields. Any field given as a list is swept (the
 cartesian product of all list-valued fields), and every entry is repeated over the grid's
 seeds. Runs are named from their distinguishing fields, so the same run requested by two
-entries (the default-team run feeds Table 1, Table 2, Figures 4–6) is run once, and a grid
-that was interrupted resumes by running only what has no finished result.
+entries (the default-team run feeds Table 1, Table 2, Figures 4–6) is run once. The runner
+(``musketeers.grid``) and the report (``musketeers.reports``) both read a grid from here.
 """
 
 from __future__ import annotations

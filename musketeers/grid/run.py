@@ -17,8 +17,8 @@ import yaml
 
 from musketeers.grid.ledger import timed
 from musketeers.grid.status import (
-    _plain,
     of_final_checkpoint,
+    plain,
     run_status,
     set_aside,
     stale_fields,
@@ -72,7 +72,7 @@ def _record_failure(run_dir: Path, exc: BaseException, cfg: Any, fields: dict[st
     (run_dir / "error.txt").write_text(line + "\n" + traceback.format_exc())
     if not (run_dir / "config.yaml").is_file():
         resolved = asdict(cfg) if is_dataclass(cfg) and not isinstance(cfg, type) else fields
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(_plain(resolved), sort_keys=False))
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(plain(resolved), sort_keys=False))
     return line
 
 

@@ -32,7 +32,7 @@ def stale_fields(run_dir: Path, cfg: Any) -> dict[str, tuple[Any, Any]]:
     if not path.is_file():
         return {}
     saved = yaml.safe_load(path.read_text()) or {}
-    now = _plain(asdict(cfg) if is_dataclass(cfg) else dict(cfg))
+    now = plain(asdict(cfg) if is_dataclass(cfg) else dict(cfg))
     ignore = {*NOT_STALE, *ignored(now.get("method"))}
     return {k: (saved[k], now[k]) for k in sorted(saved.keys() & now.keys())
             if k not in ignore and saved[k] != now[k]}
@@ -75,11 +75,12 @@ def run_status(run_dir: Path, no_context: bool = False) -> str:
     return "missing"
 
 
-def _plain(obj: Any) -> Any:
+def plain(obj: Any) -> Any:
+    """``obj`` as YAML writes it: mappings, lists and strings (a Path as its text)."""
     if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
+        return {str(k): plain(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return [_plain(v) for v in obj]
+        return [plain(v) for v in obj]
     if isinstance(obj, Path):
         return str(obj)
     return obj
