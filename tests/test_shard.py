@@ -88,3 +88,16 @@ def test_report_only_refuses_a_shard(monkeypatch, capsys):
     code, _, err = run_cli(monkeypatch, capsys, "ablate", "--budget", "pocket",
                            "--report-only", "--shard", "1/2")
     assert code == 2 and "--shard" in err and len(err.strip().splitlines()) == 1
+
+
+def test_precompute_only_trains_nothing(tmp_path: Path, monkeypatch, capsys):
+    path = tmp_path / "g.yaml"
+    path.write_text(yaml.safe_dump({"budget": "t", "seeds": [0, 1], "defaults": {"budget": "t"},
+                                    "runs": [{"task": "arithmetic", "method": "single"}]}))
+    runs_dir = tmp_path / "runs"
+    code, out, err = run_cli(monkeypatch, capsys, "ablate", "--grid", str(path), "--runs-dir",
+                             str(runs_dir), "--reports-dir", str(tmp_path / "reports"),
+                             "--precompute-only")
+    assert code == 0, err
+    assert "stores ready for the 2 runs of grid t" in out
+    assert not runs_dir.exists() and not (tmp_path / "reports").exists()
