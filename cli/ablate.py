@@ -43,18 +43,31 @@ def ablate(
     hours: Annotated[float | None, typer.Option(
         min=0, help="start no run that would end past this many hours (judged by the longest "
         "run so far); the rest waits for the next invocation")] = None,
+    list_runs: Annotated[bool, typer.Option("--list", help="print the grid's run names (the "
+                                            "shard's with --shard), one per line, in run "
+                                            "order, and stop")] = False,
+    shard: Annotated[str | None, typer.Option(
+        help="K/N: run worker K of N's share of the grid (runs i with i % N == K-1), publish "
+        "it, and leave the report to `--report-only` once every worker is done")] = None,
+    precompute_only: Annotated[bool, typer.Option(
+        help="fill the stores the grid needs, then stop (once, before sharded workers start: "
+        "they would contend for the stores' writer locks)")] = False,
 ) -> None:
     """Precompute what is missing, run every unfinished run of the grid, evaluate, report."""
-    from musketeers.reports.grid import load_grid, run_grid
-    from musketeers.reports.ledger import ledger_path
-    from musketeers.reports.needs import ensure_cache
-    from musketeers.reports.publish import (
+    from musketeers.grid.ledger import ledger_path
+    from musketeers.grid.needs import ensure_cache
+    from musketeers.grid.publish import (
         adopt_published,
         publish_ledger,
         publish_run,
         publish_runs,
         set_aside_published,
     )
+    from musketeers.grid.run import run_grid
+    from musketeers.grid.shard import parse_shard
+    from musketeers.grid.shard import shard as take_shard
+    from musketeers.grid.walltime import wall_time_lines
+    from musketeers.gridspec import load_grid
     from musketeers.reports.report import report_dir, write_report
 
     task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None
@@ -66,16 +79,29 @@ def ablate(
     overrides = {"cache_dir": str(cache_dir)} if cache_dir else None
     g = load_grid(grid or budget, seeds=_int_list(seeds, "seeds"), tasks=task_list,
                   overrides=overrides)
+    part = parse_shard(shard) if shard is not None else None
+    if part is not None and report_only:
+        raise UserError("--report-only builds the whole grid's report; drop --shard")
+    if part is not None:
+        g = take_shard(g, *part)
+    if list_runs:
+        for run in g.runs:
+            typer.echo(run.name)
+        return
     published = report_dir(reports_dir, g) / "runs"
+    if precompute_only:
+        ensure_cache(g, g.precompute, gsm8k_dir=gsm8k_dir, ledger=ledger_path(runs_dir, g.name))
+        typer.echo(f"stores ready for the {len(g.runs)} runs of grid {g.name}")
+        return
     if not report_only:
         adopted = adopt_published(g, runs_dir, published)
         if adopted:
             typer.echo(f"{len(adopted)} finished runs adopted from {published} (earlier "
-                       "sessions' published results); the grid goes on from there")
+                       "invocations' published results); the grid goes on from there")
         ledger = ledger_path(runs_dir, g.name)
         ensure_cache(g, g.precompute, gsm8k_dir=gsm8k_dir, ledger=ledger)
 
-        def publish(run, run_dir: Path) -> None:  # each run as it ends: a session may not
+        def publish(run, run_dir: Path) -> None:  # each run as it ends: the machine may not
             publish_run(run_dir, published / run.name)
             publish_ledger(g, runs_dir, published)
 
@@ -88,7 +114,14 @@ def ablate(
                       "and run again)" if result.stale else "")
                    + (f"; {len(result.left)} left for the next invocation (--hours {hours:g})"
                       if result.left else ""))
-    path = write_report(g, runs_dir, reports_dir)
+    if part is not None:  # the other workers' runs are not here yet
+        copied = publish_runs(g, runs_dir, published)
+        typer.echo(f"shard {shard}: the artefacts of {len(copied)} finished runs under "
+                   f"{published}; once every worker is done: musketeers ablate "
+                   f"{'--grid ' + str(grid) if grid else '--budget ' + budget} --report-only "
+                   f"--runs-dir {published}")
+        return
+    path = write_report(g, runs_dir, reports_dir, wall_time=wall_time_lines(g, runs_dir))
     copied = publish_runs(g, runs_dir, path.parent / "runs")
     typer.echo(f"report: {path} (with the artefacts of {len(copied)} finished runs under "
                f"{path.parent / 'runs'}: commit that folder to publish the result)")

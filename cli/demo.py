@@ -1,4 +1,4 @@
-"""``musketeers demo planted``: the planted-expert check as a command (issue 3)."""
+"""``musketeers demo planted``: the planted-expert check as a command."""
 
 from __future__ import annotations
 

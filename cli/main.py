@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import signal
 import sys
 
 import typer
+import typer.rich_utils
 
 from musketeers.cache.errors import UserError
 from musketeers.cli import interrupt
+
+# Outside a terminal (a pipe, a file, a test) Rich would lay help out at 80 columns and cut
+# option values short; a width set by the user (TERMINAL_WIDTH, COLUMNS) still wins.
+HELP_WIDTH = 160
+if not sys.stdout.isatty() and not os.environ.get("TERMINAL_WIDTH") \
+        and not os.environ.get("COLUMNS"):
+    typer.rich_utils.MAX_WIDTH = HELP_WIDTH
 
 app = typer.Typer(
     help="Frozen LM experts help a small LoRA policy reason through their hidden states (RLVR).",
@@ -38,7 +47,7 @@ _register_commands()
 
 
 def _exit_on_sigterm() -> None:
-    """Turn SIGTERM (``kill``, a scheduler's time limit, a closing session) into SystemExit.
+    """Turn SIGTERM (``kill``, a scheduler's time limit, a closing terminal) into SystemExit.
 
     Python's default SIGTERM ends the process at once, skipping every ``finally``: a grid's
     ledger would then never record the interrupted call's time. As an exception it unwinds

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from musketeers.budgets import BUDGETS
 from musketeers.cache.errors import UserError
 
 SCHEDULERS = ("constant", "linear", "cosine")
@@ -173,32 +174,6 @@ class TrainConfig:
         return Path("runs") / f"{task}-{team}-{self.method}-{pooling}-s{self.seed}"
 
 
-# Budget presets: only the size of a run, never the method.
-BUDGETS: dict[str, dict[str, Any]] = {
-    # three tiny steps (the fewest with a defined Spearman ρ): the path end to end in seconds
-    "smoke": dict(steps=3, prompts_per_micro=2, grad_accum=1, group_size=2, max_new_tokens=16,
-                  save_every=1, eval_limit=8, dtype="float32"),
-    # the pocket policy (Qwen2.5-Coder-0.5B) on a 2-core CPU, sized so a run gets a GRPO
-    # signal and the main comparison fits one night (BENCHMARKS.md, "A regime with a signal"):
-    # 32 new tokens leave <10 % of direct answers truncated, G = 8 makes more groups differ,
-    # 400 validation items bound 2 SE of an accuracy near 15 % by ~3.6 points; 20 steps took
-    # Single from 21.0 % to 33.25 % exact on arithmetic:easy@direct (reports/pocket-easy/baselines)
-    # The adapter learns at a tenth of the paper's lr (the LoRA's stays at 1e-4): at 1e-4 its
-    # first Adam step (a sign step of lr on every weight) moved C far enough to stop the
-    # policy (arithmetic Ours, seed 1: KL 2.44 nats/token after one update, exact 0.00 with C,
-    # 47.50 without; KL > 1 in 7 of 24 context runs of the easy grid, in none of 6 Single
-    # runs); at 1e-5 the same seed stays at KL <= 0.095 and ends at 56.25 % exact, and C still
-    # grows to ~0.2x the token embeddings' rms in 20 steps (BENCHMARKS.md, sixteenth session)
-    "pocket": dict(steps=20, prompts_per_micro=4, grad_accum=1, group_size=8,
-                   max_new_tokens=32, save_every=10, eval_limit=400, adapter_lr=1e-5,
-                   dtype="auto"),
-    # the paper: 500 steps, 4 x 8 = 32 prompts per update, G = 8, 128 new tokens
-    "paper": dict(steps=500, prompts_per_micro=4, grad_accum=8, group_size=8,
-                  max_new_tokens=128, beta=0.04, lr=1e-4, adapter_lr=1e-4, weight_decay=0.01,
-                  grad_clip=1.0, save_every=50, eval_limit=None, dtype="auto"),
-}
-
-
 def _check_type(key: str, value: Any, hint: Any) -> Any:
     """Return ``value`` converted to ``hint``'s type, or raise UserError naming ``key``."""
     origin = typing.get_origin(hint)
@@ -277,6 +252,10 @@ def resolve_config(yaml_path: Path | None = None, overrides: dict[str, Any] | No
         from_yaml = {k: v for k, v in from_yaml.items() if k not in TEAM_KEYS}
     _apply(values, from_yaml, str(yaml_path))
     _apply(values, overrides, "the command line")
+    from musketeers.methods import fixed_steps  # the registry imports torch: only when resolving
+
+    if (steps := fixed_steps(values["method"])) is not None:
+        values["steps"] = steps  # the method decides (untrained: one step, whatever the budget)
     cfg = TrainConfig(**values)
     validate(cfg)
     return cfg

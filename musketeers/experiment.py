@@ -3,7 +3,7 @@ claims, declared once.
 
 A ``Part`` is what one table, figure or claim needs: a few entries of TrainConfig fields (a
 list value is swept), on the paper's task families. The grids (``configs/ablations/*.yaml``)
-are overlays on this design: a budget (``config.BUDGETS``, the size of every run), the seeds,
+are overlays on this design: a budget (``budgets.BUDGETS``, the size of every run), the seeds,
 which families run as which task (``arithmetic`` as ``arithmetic:easier@direct`` in the pocket
 grid), the policy and roster, and per part whether it runs on every seed or the first, in
 which stage, restricted to which values (``only``), with which extra fields (``set``). The
@@ -55,7 +55,7 @@ OURS = {"method": "perceiver", "team": "default"}
 
 DESIGN: tuple[Part, ...] = (
     Part("untrained", "the regime claim: Single after training against its start",
-         ({"method": "untrained", "steps": 1},), first_seed_only=True, stage=0),
+         ({"method": "untrained"},), first_seed_only=True, stage=0),
     Part("table1", "Table 1's main rows and §4.2's claims: Single and Ours per team",
          ({"method": "single"}, {"method": "perceiver", "team": list(TEAMS)})),
     Part("controls", "every claim for Ours is stated against these (Table 1's control rows)",

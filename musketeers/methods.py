@@ -8,7 +8,7 @@ and — for the controls — which signal it breaks. Data loading, run naming, t
 precompute needs, tables, claims and the fake-run generator read this table; adding a
 method is one ``register(Method(...))`` call.
 
-The controls are the evidence behind every claim (issue "Evidence on a CPU"):
+The controls are the evidence behind every claim:
 
 - ``shuffled_experts``: Ours, but each item reads another item's expert vectors (a seeded
   derangement, fixed for the run): only the experts' static signatures remain, not what they
@@ -60,6 +60,8 @@ class Method:
     shuffle_vectors: bool = False  # each item reads another item's expert vectors
     shuffle_rewards: bool = False  # rewards permuted within each update before advantages
     trains: bool = True  # False: every learning rate is 0, so the run scores its start
+    # a fixed number of steps whatever the budget: a run that learns nothing needs one
+    steps: int | None = None
     summary: str = ""
 
     @property
@@ -102,6 +104,21 @@ def get(name: str) -> Method:
         return REGISTRY[name]
     except KeyError:
         raise UserError(f"unknown method '{name}'; valid: {', '.join(REGISTRY)}") from None
+
+
+def ignored(method: Any) -> tuple[str, ...]:
+    """Config fields that change nothing ``method`` computes (the registry's ``ignores``):
+    dropped from its run name, its table group and its staleness check. Empty for a name the
+    registry does not know (an old run folder's), so such a run still reads, ungrouped."""
+    spec = REGISTRY.get(str(method))
+    return spec.ignores if spec else ()
+
+
+def fixed_steps(method: Any) -> int | None:
+    """The steps ``method`` always runs (the registry's ``steps``), None where the budget or
+    the options decide, or for a name the registry does not know."""
+    spec = REGISTRY.get(str(method))
+    return spec.steps if spec else None
 
 
 def names() -> tuple[str, ...]:
@@ -191,7 +208,7 @@ register(Method("zero_context", "Zero context (control)", _zero_context, _VECTOR
                          "adapter_warmup_lr", "adapter_warmup_batch"),
                 summary="C = 0 at every step, nothing in φ trains: Single with m more positions"))
 register(Method("untrained", "Single, untrained (baseline)", None, ignores=("team", *_NO_C),
-                control_of="single", trains=False,
+                control_of="single", trains=False, steps=1,
                 summary="the policy before any update (learning rates 0): what training adds to"))
 
 

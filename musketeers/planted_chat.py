@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from musketeers.config import TrainConfig
+from musketeers.tiny_llama import tiny_llama
 
 POLICY = "musketeers.planted_chat:planted_chat_policy"
 ROLES = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
@@ -121,7 +122,6 @@ def warm_up(model: torch.nn.Module, tokenizer: Any, seed: int, *, steps: int = W
 def planted_chat_policy(cfg: TrainConfig):
     """The plain check's tiny llama on the chat tokenizer, warmed up to the answer format,
     then wrapped in the project's Policy (LoRA attached after the warm-up)."""
-    from musketeers.planted import tiny_llama
     from musketeers.policy import Policy
 
     tokenizer = chat_tokenizer()

@@ -37,8 +37,6 @@ equal those of each sequence alone.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import torch
@@ -48,6 +46,7 @@ from torch import Tensor
 from musketeers.cache.backbone import pad
 from musketeers.cache.prompts import generation_prompt_len, render_prompt
 from musketeers.config import CONTEXT_POSITIONS
+from musketeers.policy_model import contiguous_input, target_modules, teacher_forced_attention
 from musketeers.sampling import CACHE_KW, decode, kv_cache, token_logprobs
 from musketeers.sharing import cache_rows, common_head, length_chunks
 
@@ -64,24 +63,6 @@ class PolicyInputs(NamedTuple):
     prefix_len: int  # P: completions start at this column
     completion_ids: Tensor  # [N, T] (pad where mask is 0)
     completion_mask: Tensor  # [N, T]
-
-
-def _target_modules(model: torch.nn.Module, wanted: tuple[str, ...]) -> list[str] | None:
-    """The requested LoRA targets when the architecture has them, else None: peft then picks
-    its own per-architecture default (e.g. gpt2 → c_attn)."""
-    leaves = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    return list(wanted) if all(t in leaves for t in wanted) else None
-
-
-def _contiguous_input(_module, args):
-    """Hand the LM head a contiguous input.
-
-    ``logits_to_keep`` slices the hidden states ([N, T, d] → [N, k, d], a strided view), and
-    torch's matmul then runs the head as a bmm against the weight expanded and *copied* N
-    times: [N, d, V] bf16, 2.6 s per call for SmolLM2 at N = 16 on a 2-core CPU, more than
-    the whole prompt prefill. A contiguous copy of the small slice costs microseconds.
-    """
-    return (args[0].contiguous(), *args[1:])
 
 
 class Policy:
@@ -105,14 +86,14 @@ class Policy:
         config = LoraConfig(
             r=lora_r,
             lora_alpha=lora_alpha,
-            target_modules=_target_modules(model, tuple(lora_targets)),
+            target_modules=target_modules(model, tuple(lora_targets)),
             lora_dropout=0.0,  # train and eval forwards must agree (old log-probs, ratio)
             task_type="CAUSAL_LM",
         )
         self.model = get_peft_model(model, config)
         head = self.model.get_output_embeddings()
         if head is not None:
-            head.register_forward_pre_hook(_contiguous_input)
+            head.register_forward_pre_hook(contiguous_input)
         self.tokenizer = tokenizer
         self.context_position = context_position
         # False: every prompt's tokens run and completions pad to the batch's longest, the
@@ -278,34 +259,13 @@ class Policy:
 
     def _logprobs(self, prompts, context, completion_ids, temperature):
         t = max((len(c) for c in completion_ids), default=0)
-        with self._teacher_forced_attention():
+        with teacher_forced_attention(self.model, self.device):
             if len(prompts) < len(completion_ids) and t > 0:
                 return self._shared_prefix_logprobs(prompts, context, completion_ids,
                                                     temperature)
             prompts, context = self._expand(prompts, context, len(completion_ids))
             logits, ids, mask = self._joint_logits(prompts, context, completion_ids)
         return token_logprobs(logits, ids, temperature) * mask, mask
-
-    @contextmanager
-    def _teacher_forced_attention(self) -> Iterator[None]:
-        """Plain ("eager") attention for the log-prob passes on a CPU, the model's own elsewhere.
-
-        torch's fused CPU attention is slow to differentiate with a padding mask: on a 2-core
-        CPU (SmolLM2, 16 × 64 completions after ~250-token prompts) its backward took 1.9 s of
-        a 9.4 s reference + training pass, and the eager matmul-softmax-matmul saved ~1.7 s of
-        it. Both stay as close to an fp32 forward (mean |Δ log p| 0.033 vs 0.036 in bf16).
-        Sampling keeps the fused kernel, which is faster there (one query per row).
-        """
-        base = self.model.get_base_model()
-        before = getattr(base.config, "_attn_implementation", None)
-        if self.device.type != "cpu" or before in (None, "eager"):
-            yield
-            return
-        base.set_attn_implementation("eager")
-        try:
-            yield
-        finally:
-            base.set_attn_implementation(before)
 
     def _joint_logits(self, prompts, context, completion_ids):
         """Logits predicting each completion token from one forward over [prefix | completion]

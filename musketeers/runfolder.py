@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import yaml
 import zarr
 from safetensors import SafetensorError
 
@@ -113,6 +114,21 @@ def write_errors(run: Path, again: str) -> Iterator[None]:
 def has_run(run: Path) -> bool:
     return ((run / "metrics.jsonl").exists() or (run / "config.yaml").exists()
             or bool(ckpt.list_checkpoints(run)))
+
+
+def is_finished(run_dir: Path) -> bool:
+    """summary.json says done (or, lacking a status, covers every configured step)."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if "status" in summary:
+        return summary["status"] == "done"
+    try:
+        steps = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("steps")
+    except (OSError, yaml.YAMLError):
+        return False
+    return steps is not None and int(summary.get("steps") or 0) >= int(steps)
 
 
 def store_fingerprints(cfg: TrainConfig, experts: list[str]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ def cache_dir(tmp_path: Path) -> Path:
 
 
 def tiny_specs() -> list:
-    """Tiny seeded random experts (built once into the models dir, reused across sessions)."""
+    """Tiny seeded random experts (built once into the models dir, reused across test runs)."""
     from musketeers.cache.experts import TINY_EXPERTS
 
     return list(TINY_EXPERTS)

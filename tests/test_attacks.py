@@ -179,7 +179,7 @@ def test_non_finite_hyper_parameters_are_refused_before_anything_starts(key, val
 # --- run folders and published runs -----------------------------------------------------------
 
 def test_publishing_leaves_symlinked_artefacts_behind(tmp_path: Path):
-    from musketeers.reports.publish import publish_run
+    from musketeers.grid.publish import publish_run
 
     secret = tmp_path / "secret.txt"
     secret.write_text("private key")
@@ -193,9 +193,9 @@ def test_publishing_leaves_symlinked_artefacts_behind(tmp_path: Path):
 
 
 def test_a_symlinked_ledger_is_neither_published_nor_adopted(tmp_path: Path):
-    from musketeers.reports.grid import Grid
-    from musketeers.reports.ledger import ledger_path
-    from musketeers.reports.publish import adopt_published, publish_ledger
+    from musketeers.grid.ledger import ledger_path
+    from musketeers.grid.publish import adopt_published, publish_ledger
+    from musketeers.gridspec import Grid
 
     secret = tmp_path / "secret.txt"
     secret.write_text('{"private": "key"}\n')
@@ -227,7 +227,7 @@ def test_a_symlink_to_a_locked_run_folder_is_the_same_lock(planted_store, tmp_pa
 
 
 def test_an_evaluation_of_an_earlier_checkpoint_is_not_the_runs_result(tmp_path: Path):
-    from musketeers.reports.grid import run_status
+    from musketeers.grid.status import run_status
 
     run = tmp_path / "run"
     run.mkdir()
@@ -242,8 +242,9 @@ def test_the_grid_evaluates_the_final_checkpoint_over_an_earlier_evaluation(tmp_
     """An `eval` run mid-training left eval.json of step 1; the grid must redo it, not adopt it."""
     import yaml
 
-    from musketeers.reports.fake import fake_train
-    from musketeers.reports.grid import load_grid, run_grid
+    from musketeers.grid.fake import fake_train
+    from musketeers.grid.run import run_grid
+    from musketeers.gridspec import load_grid
 
     path = tmp_path / "g.yaml"
     path.write_text(yaml.safe_dump({"budget": "t", "seeds": [0],

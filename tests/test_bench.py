@@ -211,7 +211,7 @@ def test_trl_bench_pocket_step_is_the_step_the_pocket_grid_trains():
     copy said ``dtype: auto`` after the grid pinned float32)."""
     from musketeers.bench.trl_bench import regime
     from musketeers.config import resolve_config
-    from musketeers.reports.grid import load_grid
+    from musketeers.gridspec import load_grid
 
     grid = load_grid("pocket")
     run = next(g for g in grid.runs if g.fields.get("method") == "single"

@@ -8,9 +8,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from musketeers.budgets import BUDGETS
 from musketeers.cache.errors import UserError
 from musketeers.config import (
-    BUDGETS,
     TrainConfig,
     read_run_config,
     resolve_config,
@@ -263,3 +263,45 @@ def test_precompute_and_train_take_the_same_dtype_names():
     assert resolve_dtype("bf16", "cpu") == torch.bfloat16  # the short names still work
     with pytest.raises(UserError, match="float32, bfloat16 or float16"):
         resolve_dtype("fp8", "cpu")
+
+
+@pytest.mark.parametrize("budget", sorted(BUDGETS))
+def test_untrained_runs_one_step_whatever_the_budget(budget):
+    assert resolve_config(None, {"method": "untrained", "budget": budget}).steps == 1
+    assert resolve_config(None, {"method": "untrained", "budget": budget, "steps": 50}).steps == 1
+    assert resolve_config(None, {"method": "single", "budget": budget}).steps == \
+        BUDGETS[budget]["steps"]
+
+
+def test_train_untrained_reaches_the_trainer_with_one_step(tmp_path, monkeypatch):
+    from musketeers.cli import main as cli_main
+
+    calls = []
+    monkeypatch.setattr("musketeers.trainer.train",
+                        lambda cfg, **kw: calls.append(cfg) or {})
+    result = CliRunner().invoke(cli_main.app, ["train", "--method", "untrained", "--budget",
+                                               "pocket", "--run-dir", str(tmp_path / "u")])
+    assert result.exit_code == 0, result.output
+    (cfg,) = calls
+    assert cfg.method == "untrained" and cfg.steps == 1
+
+
+def test_the_grid_takes_the_methods_steps_too():
+    from musketeers.gridspec import load_grid
+
+    runs = load_grid("pocket").runs
+    untrained = [r for r in runs if r.fields["method"] == "untrained"]
+    assert untrained and all(r.fields["steps"] == 1 for r in untrained)
+    assert all(r.fields.get("steps") != 1 for r in runs if r.fields["method"] == "single")
+
+
+def test_help_outside_a_terminal_is_not_cut_at_80_columns():
+    """CliRunner is no terminal: every option's help and default must come through whole."""
+    from musketeers.cli import main as cli_main
+    from musketeers.config import TrainConfig
+
+    result = CliRunner().invoke(cli_main.app, ["train", "--help"])
+    assert result.exit_code == 0, result.output
+    assert TrainConfig.policy in result.output  # the default policy's full name
+    assert "untrained" in result.output  # the end of --method's list of choices
+    assert max(len(line) for line in result.output.splitlines()) > 80

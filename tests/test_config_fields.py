@@ -14,7 +14,8 @@ import yaml
 from typer.testing import CliRunner
 
 from musketeers.config import TrainConfig, cli_fields, resolve_config
-from musketeers.reports.grid import _default_config_fn, load_grid
+from musketeers.grid.run import _default_config_fn
+from musketeers.gridspec import load_grid
 
 # a valid non-default value for each field whose type alone does not give one (names that
 # the registries check); numbers and booleans are derived from the default below

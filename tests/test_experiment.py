@@ -8,10 +8,12 @@ import pytest
 import yaml
 
 from musketeers import experiment
+from musketeers.budgets import BUDGETS
 from musketeers.cache.errors import UserError
-from musketeers.config import BUDGETS, resolve_config
-from musketeers.reports.grid import BUDGETS as GRID_BUDGETS
-from musketeers.reports.grid import grid_file, load_grid, stale_fields
+from musketeers.config import resolve_config
+from musketeers.grid.status import stale_fields
+from musketeers.gridspec import BUDGETS as GRID_BUDGETS
+from musketeers.gridspec import grid_file, load_grid
 from musketeers.reports.report import report_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,7 +108,7 @@ def _published_grids() -> list[tuple[str, Path]]:
 def test_published_runs_are_runs_of_their_grid_as_it_stands(source, folder):
     """What a published runs folder holds was trained under its grid's current settings: a
     change to the design or a grid YAML that would make a published run stale fails here,
-    before a new session sets it aside and trains it again (or a kept result stops being
+    before a later invocation sets it aside and trains it again (or a kept result stops being
     rebuildable)."""
     published = sorted(Path(folder).glob("pocket-*/config.yaml"))
     if not published:

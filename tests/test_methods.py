@@ -14,8 +14,9 @@ from torch import nn
 from musketeers import methods
 from musketeers.adapter import AdapterOutput, ExpertAlignment, OutputProjection
 from musketeers.evaluate import evaluate
+from musketeers.grid.run import run_grid
+from musketeers.gridspec import load_grid
 from musketeers.planted import planted_config, write_planted_store
-from musketeers.reports.grid import load_grid, run_grid
 from musketeers.reports.report import write_report
 from musketeers.trainer import train
 

@@ -28,7 +28,7 @@ GRIDS = {
 
 @pytest.mark.parametrize("case", GRIDS)
 def test_a_malformed_grid_file_is_one_line_naming_it(tmp_path: Path, case: str):
-    from musketeers.reports.grid import load_grid
+    from musketeers.gridspec import load_grid
 
     text, says = GRIDS[case]
     path = tmp_path / "g.yaml"
@@ -181,7 +181,7 @@ def test_eval_reads_the_newer_checkpoint_when_training_prunes_the_one_it_read(tm
 
 def test_a_grid_entry_list_is_read_as_before(tmp_path: Path):
     """The checks refuse only what load_grid cannot use: a valid grid still loads."""
-    from musketeers.reports.grid import load_grid
+    from musketeers.gridspec import load_grid
 
     path = tmp_path / "g.yaml"
     path.write_text(yaml.safe_dump({"budget": "t", "seeds": [0, 1], "runs": [

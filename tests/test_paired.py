@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from musketeers.reports import aggregate as agg
-from musketeers.reports.claims import _paired_claim
+from musketeers.reports.ablation_claims import _paired_claim
 from musketeers.reports.paired import paired_cells, paired_context
 from musketeers.reports.verdicts import within_noise
 

@@ -1,4 +1,4 @@
-"""The planted-expert check (issue 3): RLVR through the real trainer learns to use the one
+"""The planted-expert check: RLVR through the real trainer learns to use the one
 informative expert. Eight seeds: what holds on every seed is asked of each, the rest of the
 paired differences against the shuffled_reward control over the seeds (musketeers.planted)."""
 

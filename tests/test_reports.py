@@ -15,11 +15,16 @@ import pytest
 import yaml
 
 from musketeers.cache.errors import UserError
+from musketeers.grid.fake import fake_evaluate, fake_train
+from musketeers.grid.needs import grid_needs, missing, open_task_store
+from musketeers.grid.run import run_grid
+from musketeers.grid.status import run_status
+from musketeers.grid.walltime import wall_time_lines
+from musketeers.gridspec import load_grid, run_name
 from musketeers.reports import aggregate as agg
-from musketeers.reports.claims import compare, paper_claims
-from musketeers.reports.fake import fake_evaluate, fake_train
-from musketeers.reports.grid import load_grid, run_grid, run_name, run_status
-from musketeers.reports.needs import grid_needs, missing, open_task_store
+from musketeers.reports import series
+from musketeers.reports.claim_registry import paper_claims
+from musketeers.reports.claims import compare
 from musketeers.reports.report import write_report
 from musketeers.reports.tables import TABLE1, TABLE2, TASK_TITLES, table1_markdown
 from musketeers.reports.verdicts import two_se_clause, within_noise
@@ -70,11 +75,11 @@ def test_mean_and_sample_std_over_seeds_match_hand_computation(tmp_path: Path):
 def test_series_aligns_steps_and_takes_sample_std(tmp_path: Path):
     write_run(tmp_path, "a", 0.5, rewards=(0.0, 1.0), entropy=(1.0, 0.5), **KEY)
     write_run(tmp_path, "b", 0.5, rewards=(0.5, 0.0, 0.2), entropy=(1.0, 0.9, 0.1), **KEY)
-    steps, mean, std = agg.series(agg.load_runs(tmp_path), "reward_mean")
+    steps, mean, std = series.series(agg.load_runs(tmp_path), "reward_mean")
     assert steps.tolist() == [1, 2, 3]
     assert mean.tolist() == pytest.approx([0.25, 0.5, 0.2])
     assert std.tolist() == pytest.approx([math.sqrt(0.125), math.sqrt(0.5), 0.0])
-    _, u, _ = agg.series(agg.load_runs(tmp_path), "utilisation", "a")
+    _, u, _ = series.series(agg.load_runs(tmp_path), "utilisation", "a")
     assert u.tolist() == pytest.approx([0.5, 0.6, 0.7])
 
 
@@ -83,7 +88,7 @@ def test_spearman_is_per_run_then_averaged(tmp_path: Path):
     write_run(tmp_path, "b", 0.5, rewards=(0.1, 0.3, 0.2), entropy=(1.0, 2.0, 3.0), **KEY)
     runs = agg.load_runs(tmp_path)
     assert [r.spearman for r in runs] == pytest.approx([-1.0, 0.5])
-    assert agg.mean_spearman(runs) == (pytest.approx(-0.25), 2)
+    assert series.mean_spearman(runs) == (pytest.approx(-0.25), 2)
 
 
 def test_failed_and_missing_cells_are_shown_not_dropped(tmp_path: Path):
@@ -220,7 +225,7 @@ def test_resume_runs_only_missing_runs_and_retries_failures(tmp_path: Path):
 def test_hours_stops_between_runs_before_one_would_end_past_it(tmp_path: Path, monkeypatch):
     """A fake clock: each training call takes 10 min. With --hours 0.5 the grid starts a run
     only while elapsed + the longest run so far fits; the rest is left for the next call."""
-    import musketeers.reports.grid as grid_mod
+    import musketeers.grid.run as grid_mod
 
     clock = [0.0]
     monkeypatch.setattr(grid_mod.time, "monotonic", lambda: clock[0])
@@ -240,7 +245,7 @@ def test_hours_stops_between_runs_before_one_would_end_past_it(tmp_path: Path, m
 
 
 def test_wall_time_by_stage_projects_runs_not_done_from_done_ones(tmp_path: Path):
-    from musketeers.reports.walltime import wall_time_by_stage
+    from musketeers.grid.walltime import wall_time_by_stage
 
     grid = load_grid(small_grid(tmp_path))
     runs_dir = tmp_path / "runs"
@@ -277,7 +282,7 @@ def test_wall_time_projection_scales_another_familys_runs_by_this_familys(tmp_pa
     """A method not run yet on a slow family costs what it cost on a fast one times how much
     slower the slow family's done runs were: at another family's mean it would be
     underestimated, at this family's Single mean too (Ours reads experts)."""
-    from musketeers.reports.walltime import wall_time_by_stage
+    from musketeers.grid.walltime import wall_time_by_stage
 
     path = tmp_path / "g.yaml"
     path.write_text(yaml.safe_dump({
@@ -482,7 +487,7 @@ def test_grid_needs_union_of_experts_hints_and_router(tmp_path: Path):
 def test_a_custom_grids_experts_are_what_it_needs_and_its_hint_is_their_precompute(tmp_path):
     import shlex
 
-    from musketeers.reports.needs import ensure_cache
+    from musketeers.grid.needs import ensure_cache
 
     stores = tmp_path / "my stores"
     path = tmp_path / "g.yaml"
@@ -526,7 +531,7 @@ def test_grid_precomputes_into_the_folder_its_runs_read(tmp_path: Path, monkeypa
 
 
 def test_grid_refuses_a_store_with_fewer_items_than_it_precomputes(tmp_path: Path):
-    from musketeers.reports.needs import ensure_cache
+    from musketeers.grid.needs import ensure_cache
 
     fixtures = Path(__file__).resolve().parent / "fixtures"
     n = min(int(json.loads((fixtures / "arithmetic.zarr" / split / "items" / "zarr.json")
@@ -545,7 +550,7 @@ def test_grid_refuses_a_store_with_fewer_items_than_it_precomputes(tmp_path: Pat
 def test_grid_refuses_a_store_computed_in_another_dtype(tmp_path: Path):
     """A store of the right size but other numerics (a bf16 precompute on another CPU) is
     refused by name, not read as the grid's; the fixtures' experts are float32."""
-    from musketeers.reports.needs import ensure_cache
+    from musketeers.grid.needs import ensure_cache
 
     fixtures = Path(__file__).resolve().parent / "fixtures"
     grid = load_grid(small_grid(tmp_path), overrides={"cache_dir": str(fixtures)})
@@ -557,7 +562,7 @@ def test_grid_refuses_a_store_computed_in_another_dtype(tmp_path: Path):
 
 
 def test_ledger_sums_every_phase_across_resumed_invocations(tmp_path: Path):
-    from musketeers.reports.ledger import ledger_path, timed, totals
+    from musketeers.grid.ledger import ledger_path, timed, totals
 
     grid = load_grid(small_grid(tmp_path))
     runs_dir = tmp_path / "runs"
@@ -591,14 +596,15 @@ def test_ledger_sums_every_phase_across_resumed_invocations(tmp_path: Path):
     assert t["finished"] == pytest.approx(sum(r["seconds"] for r in every if r["ok"]))
     assert t["finished"] < t["total"]
     assert every[-1] == {**every[-1], "phase": "precompute", "ok": False}
-    text = write_report(grid, runs_dir, tmp_path / "reports").read_text()
+    text = write_report(grid, runs_dir, tmp_path / "reports",
+                        wall_time=wall_time_lines(grid, runs_dir)).read_text()
     assert f"Measured wall time of this grid's commands: {t['total']:.0f} s" in text
 
 
 def test_a_store_computed_again_on_another_machine_counts_once(tmp_path: Path):
-    """Stores do not outlive a session everywhere: the grid resumed elsewhere precomputes the
+    """Stores do not outlive a machine everywhere: the grid resumed elsewhere precomputes the
     same store again, and one uninterrupted invocation would have done that once."""
-    from musketeers.reports.ledger import totals
+    from musketeers.grid.ledger import totals
 
     ledger = tmp_path / "ledger.jsonl"
     rows = [("precompute", "logic: a", 500.0, True), ("train", "r", 40.0, True),
@@ -612,7 +618,7 @@ def test_a_store_computed_again_on_another_machine_counts_once(tmp_path: Path):
 
 
 def test_a_run_made_with_other_settings_is_set_aside_and_run_again(tmp_path: Path):
-    from musketeers.reports.ledger import ledger_path, totals
+    from musketeers.grid.ledger import ledger_path, totals
 
     runs_dir = tmp_path / "runs"
     grid = load_grid(small_grid(tmp_path))
@@ -650,7 +656,8 @@ def test_a_run_made_with_other_settings_is_set_aside_and_run_again(tmp_path: Pat
     assert len(old_calls) == 2 * 3 and t["discarded"] == pytest.approx(
         sum(r["seconds"] for r in old_calls))
     assert t["total"] == pytest.approx(sum(r["seconds"] for r in rows) - t["discarded"])
-    text = write_report(changed, runs_dir, tmp_path / "reports").read_text()
+    text = write_report(changed, runs_dir, tmp_path / "reports",
+                        wall_time=wall_time_lines(changed, runs_dir)).read_text()
     assert "runs later set aside as stale" in text
     assert f"Runs: {len(changed.runs)} found of {len(changed.runs)}" in text
 
@@ -666,7 +673,7 @@ def test_sigterm_still_records_the_interrupted_call(tmp_path: Path):
     code = ("import time\n"
             "from pathlib import Path\n"
             "from musketeers.cli.main import _exit_on_sigterm\n"
-            "from musketeers.reports.ledger import timed\n"
+            "from musketeers.grid.ledger import timed\n"
             "_exit_on_sigterm()\n"
             f"with timed(Path({str(ledger)!r}), 'train', 'r'):\n"
             "    print('ready', flush=True)\n"
@@ -824,7 +831,7 @@ def test_table1_has_control_rows_after_the_methods(tmp_path: Path):
 
 
 def test_names_groups_staleness_and_store_needs_follow_the_registry(tmp_path: Path):
-    from musketeers.reports.grid import stale_fields
+    from musketeers.grid.status import stale_fields
 
     # no_cross_attn ignores m (registry): one run and one group whatever latents says
     base = {"task": "logic", "team": "default", "pooling": "last", "seed": 0}

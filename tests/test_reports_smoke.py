@@ -1,7 +1,7 @@
 """Ablation grids end to end on the committed fixture stores: real trainer and evaluator,
 tiny random policy and experts. Proves grid → runs → tables → figures → report, and that a
 second invocation trains nothing. The whole smoke grid (58 runs of 3 steps) runs in `make test`
-and CI on every change (issue 4), in a few minutes on a quiet 2-core CPU.
+and CI on every change, in a few minutes on a quiet 2-core CPU.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import yaml
 from typer.testing import CliRunner
 
 from musketeers.cli.main import app
-from musketeers.reports.grid import load_grid
+from musketeers.gridspec import load_grid
 from musketeers.reports.tables import TABLE1, TABLE2, TASK_TITLES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,7 +56,7 @@ def test_three_run_grid_end_to_end(tmp_path: Path):
                                        "--reports-dir", str(tmp_path / "elsewhere")])
     assert rebuilt.exit_code == 0, rebuilt.output
     assert (tmp_path / "elsewhere" / "smoke" / "table1.md").read_text() == table1
-    # another machine or session: no run folders, only the committed report. The grid adopts
+    # another machine or a fresh clone: no run folders, only the committed report. The grid adopts
     # what was published (and its ledger) and runs only what is not there
     shutil.rmtree(out / "runs" / "smoke-arithmetic-single-s0")
     fresh = [*args[:args.index("--runs-dir") + 1], str(tmp_path / "runs2"),

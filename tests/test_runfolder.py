@@ -241,7 +241,7 @@ def test_cuda_rng_states_are_saved_and_restored(monkeypatch):
 
 
 def test_a_grid_retrains_a_run_killed_before_its_first_checkpoint(planted_store, tmp_path):
-    from musketeers.reports.grid import _default_train_fn
+    from musketeers.grid.run import _default_train_fn
 
     cfg = small(planted_store, tmp_path / "run", save_every=3)
     train(cfg, stop_after=1, plot=False)  # config.yaml and one row, no checkpoint

@@ -119,8 +119,8 @@ def test_property_score_in_unit_interval(items, data, parts):
         assert value == 0.0 or it.answer is None  # no tag, no reward (propositional_logic aside)
 
 
-# --- hostile completions that target the scorer itself (issue: "the scorer executes model
-# completions"): code in answers, forged grades in the worker's pipe, writes on the machine
+# --- hostile completions that target the scorer itself: code in answers, forged grades in the
+# worker's pipe, writes on the machine
 
 EVALUATING = ("polynomial_multiplication", "intermediate_integration", "binary_matrix")
 

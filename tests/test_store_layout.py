@@ -90,7 +90,7 @@ def test_describe_tells_complete_partial_and_damaged_units(tmp_path: Path):
 
 
 def test_the_grid_and_the_reader_agree_on_an_incomplete_expert(tmp_path: Path):
-    from musketeers.reports.needs import TaskNeed, missing
+    from musketeers.grid.needs import TaskNeed, missing
 
     cache = tmp_path / "stores"
     shutil.copytree(FIXTURES / "arithmetic.zarr", cache / "arithmetic.zarr")

@@ -1,4 +1,4 @@
-"""`make bench`: side-by-side measurements of the hot paths (issue 5), written to BENCHMARKS.md.
+"""`make bench`: side-by-side measurements of the hot paths, written to BENCHMARKS.md.
 
 Sections, each a module: ``matmul`` (this machine's ceiling), ``precompute_bench`` (batched
 backbone vs a naive loop), ``reads_bench`` (cache reads), ``train_bench`` (cached vs live

@@ -106,7 +106,7 @@ def section_reads(rep: rp.Report, args, ctx: dict) -> None:
 def reads_fraction(rep: rp.Report, ctx: dict) -> None:
     """Per-step read time (row lookups + the one-off load amortised over the pocket run's
     steps) over the cached step time."""
-    from musketeers.config import BUDGETS
+    from musketeers.budgets import BUDGETS
 
     r, step = ctx.get("reads"), ctx.get("cached_step_s")
     if r is None:

@@ -1,4 +1,4 @@
-"""Precompute throughput per pocket expert: the batched backbone vs a naive loop (issue 2).
+"""Precompute throughput per pocket expert: the batched backbone vs a naive loop.
 
 Fast path: ``musketeers.cache.precompute.compute_rows``, exactly what ``musketeers precompute``
 runs per chunk (length-sorted, padding-minimising batches, backbone only, every pooling from one
@@ -184,5 +184,5 @@ def _fractions(r: dict[str, Any], path: str, ceil: dict[str, list[float]]) -> li
     return [n / t / c for t, c in zip(r[f"{path}_s"], ceilings, strict=True)]
 
 
-# Issue 2's targets, as fractions of the measured bf16 matmul rate, by expert-name substring.
+# The throughput targets, as fractions of the measured bf16 matmul rate, by expert-name substring.
 TARGETS = {"qwen2.5-coder-0.5b": 0.70, "smollm2": 0.50}

@@ -20,7 +20,7 @@ from musketeers.bench.machine import set_threads
 
 log = logging.getLogger("musketeers.bench")
 
-# the pocket regime's step (musketeers.config BUDGETS["pocket"]) and evaluation batch
+# the pocket regime's step (musketeers.budgets.BUDGETS["pocket"]) and evaluation batch
 PROMPTS, GROUP, NEW_TOKENS, EVAL_BATCH = 4, 8, 32, 64
 
 

@@ -1,4 +1,4 @@
-"""The ``single`` method vs TRL's ``GRPOTrainer`` at equal work (issue 3), per regime.
+"""The ``single`` method vs TRL's ``GRPOTrainer`` at equal work, per regime.
 
 Same policy (the converted copy in the models dir), same prompts (through the chat
 template), same prompts × G per step, exactly ``max_new_tokens`` per completion on both sides
@@ -30,22 +30,22 @@ from musketeers.bench.machine import peak_rss_mib, set_threads
 TRL_VERSION = "1.16.0"
 PINNED = ("torch", "transformers", "peft", "accelerate", "datasets", "numpy", "safetensors")
 SHARED = {"lora_r": 8, "beta": 0.04, "lr": 1e-4}
-# What one step is, per regime (``--trl-regime``): ``issue3`` is the comparison of issue 3
+# What one step is, per regime (``--trl-regime``): ``smollm2`` is the first comparison's step
 # (SmolLM2, gsm_symbolic with the DeepSeekZero prompt, 4 x 4 x 64 tokens, bf16); ``pocket`` is
 # the pocket grid's step as the grid runs it (``regime``).
-ISSUE3 = {"policy": "smollm2", "task": "gsm_symbolic", "prompts": 4, "group_size": 4,
+SMOLLM2 = {"policy": "smollm2", "task": "gsm_symbolic", "prompts": 4, "group_size": 4,
           "max_new_tokens": 64, "dtype": "bfloat16"}
-REGIMES = ("pocket", "issue3")
+REGIMES = ("pocket", "smollm2")
 
 
 def regime(name: str) -> dict[str, Any]:
     """What one step is. ``pocket`` is read from the pocket grid's YAML (its policy, its
     arithmetic task, its dtype) and the pocket budget (prompts, G, new tokens), so the ratio
     is measured on the step the grid runs, not on a copy of it that can fall behind."""
-    if name == "issue3":
-        return dict(ISSUE3)
-    from musketeers.config import BUDGETS
-    from musketeers.reports.grid import grid_file
+    if name == "smollm2":
+        return dict(SMOLLM2)
+    from musketeers.budgets import BUDGETS
+    from musketeers.gridspec import grid_file
 
     raw = yaml.safe_load(grid_file("pocket").read_text())
     size, defaults = BUDGETS["pocket"], raw.get("defaults") or {}

@@ -1,6 +1,7 @@
-"""Ablation grids → runs → the paper's tables and figures (``musketeers ablate``).
+"""Runs on disk → the paper's tables, figures, claims and report (the analysis).
 
-grid.py (YAML grids, resumable execution), needs.py (what the cache must hold), aggregate.py
-(runs on disk → mean ± sample std over seeds), tables.py (Tables 1–2), figures.py
-(Figures 4–6), report.py (reports/<budget>/README.md), fake.py (a stand-in trainer for tests).
+aggregate.py (runs on disk → mean ± sample std over seeds), tables.py (Tables 1–2),
+figures.py (Figures 4–6), claims.py and routing_claims.py (the paper's findings against our
+runs), report.py (reports/<grid>/README.md). It imports nothing from the grid runner
+(``musketeers.grid``).
 """

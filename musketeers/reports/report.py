@@ -6,15 +6,19 @@ from __future__ import annotations
 import os
 import platform
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from musketeers.reports.aggregate import METRICS, Run, group_key, load_runs, mean_spearman
-from musketeers.reports.claims import cell_comparisons, paper_claims, routed
+from musketeers.gridspec import Grid
+from musketeers.methods import ignored
+from musketeers.reports.aggregate import METRICS, Run, group_key, load_runs
+from musketeers.reports.claim_registry import paper_claims
+from musketeers.reports.claims import cell_comparisons, routed
 from musketeers.reports.figures import all_figures
-from musketeers.reports.grid import Grid, ignored
 from musketeers.reports.routing_claims import PAPER_SPEARMAN
+from musketeers.reports.series import mean_spearman
 from musketeers.reports.tables import (
     DEFAULT_LATENTS,
     METRIC_TEXT,
@@ -25,7 +29,6 @@ from musketeers.reports.tables import (
     table2_markdown,
 )
 from musketeers.reports.verdict_table import verdict_markdown, verdict_rows
-from musketeers.reports.walltime import measured_wall_time, wall_time_by_stage
 
 
 def machine() -> str:
@@ -58,7 +61,12 @@ def _computed_in(runs: list[Run]) -> list[str]:
             f"evaluation {count(scored)}; asked for in the configs: {asked}"]
 
 
-def _what_was_run(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]:
+# the lines a report's runner adds on what its runs cost in wall time (the analysis reads no
+# ledger itself); given the runs the report found
+WallTime = Callable[[list[Run]], list[str]]
+
+
+def _what_was_run(grid: Grid, runs: list[Run], wall_time: WallTime | None) -> list[str]:
     cfgs = [r.config for r in runs]
     def values(key: str) -> str:  # over the runs whose method reads the field
         vals = sorted({str(c.get(key)) for c in cfgs if c.get(key) is not None
@@ -90,8 +98,7 @@ def _what_was_run(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]:
         f"- Seeds: {values('seed')}; training steps per run: "
         f"{', '.join(map(str, steps)) or '—'}",
         f"- Total training wall time (sum over runs): {wall:.0f} s ({wall / 3600:.2f} h)",
-        *measured_wall_time(runs_dir, grid.name),
-        *wall_time_by_stage(grid, runs, runs_dir),
+        *(wall_time(runs) if wall_time else []),
         *learning_signal(runs),
         f"- Report written on: {machine()}",
     ]
@@ -139,7 +146,7 @@ def _runs_table(runs: list[Run]) -> list[str]:
 
 
 # Above this mean fraction of zero-variance groups most of a step's samples teach nothing; the
-# issue that set the pocket regime asks for at most this share over the main runs.
+# pocket regime was sized for at most this share over the main runs.
 WEAK_SIGNAL = 0.5
 
 
@@ -279,8 +286,10 @@ def report_dir(reports_dir: Path, grid: Grid) -> Path:
     return Path(reports_dir) / grid.name
 
 
-def write_report(grid: Grid, runs_dir: Path, reports_dir: Path) -> Path:
-    """Write table1.md, table2.md, the figures and README.md under reports_dir/<budget>."""
+def write_report(grid: Grid, runs_dir: Path, reports_dir: Path,
+                 wall_time: WallTime | None = None) -> Path:
+    """Write table1.md, table2.md, the figures and README.md under reports_dir/<budget>;
+    ``wall_time`` adds the runner's wall-time lines (``musketeers.grid.walltime``)."""
     out = report_dir(reports_dir, grid)
     out.mkdir(parents=True, exist_ok=True)
     runs = load_runs(Path(runs_dir), names=[g.name for g in grid.runs])
@@ -301,7 +310,7 @@ def write_report(grid: Grid, runs_dir: Path, reports_dir: Path) -> Path:
     md = [f"# Ablations — budget {title}", "", "## Verdicts", "",
           *verdict_markdown(verdict_rows(runs, list(TASKS), latents), TASK_TITLES), "",
           *shortcut_lines(grid), "## What was run", "",
-          *_what_was_run(grid, runs, Path(runs_dir)), "",
+          *_what_was_run(grid, runs, wall_time), "",
           f"Two metrics of the greedy validation completions: {METRIC_TEXT['exact']}, and "
           f"{METRIC_TEXT['score']}; {PAPER_METRIC}. ± is the sample standard deviation "
           "(ddof = 1) over seeds.", "", *_old_evals(runs),

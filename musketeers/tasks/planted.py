@@ -1,4 +1,4 @@
-"""The planted-expert task (issue 3): the answer is a seeded digit nobody can read off the prompt.
+"""The planted-expert task: the answer is a seeded digit nobody can read off the prompt.
 
 Every prompt asks the same question; only the item's tag differs (a split and index, which
 carry no information about the digit, drawn independently per item with ``Random(seed + i)``).

@@ -1,7 +1,7 @@
 """A grid's published result: the report folder holds every finished run's small artefacts.
 
-Run folders (``runs/``) and stores are machine-local and gitignored; a grid outlasts a session
-and moves between machines. So after each grid call the report folder
+Run folders (``runs/``) and stores are machine-local and gitignored; a grid outlasts one
+invocation and moves between machines. So after each grid call the report folder
 (``reports/<budget>/``) gets ``runs/<name>/`` with what a report is rebuilt from — the resolved
 config, metrics.jsonl, summary.json, eval*.json, the evaluated completions, fingerprints — and
 the grid's wall-time ledger; never checkpoints or stores. Committing ``reports/pocket/``
@@ -12,11 +12,16 @@ reports/pocket/runs`` rebuilds the report from it anywhere, and copying its runs
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shutil
 from pathlib import Path
 
-from musketeers.reports.grid import Grid, is_finished, run_status
-from musketeers.reports.ledger import ledger_path
+from musketeers.grid.ledger import ledger_path
+from musketeers.grid.portable import REWRITES
+from musketeers.grid.status import run_status
+from musketeers.gridspec import Grid
+from musketeers.runfolder import is_finished
 from musketeers.runlog import eval_files
 
 ARTEFACTS = ("config.yaml", "metrics.jsonl", "summary.json", "fingerprints.json", "inputs.json",
@@ -30,16 +35,22 @@ def regular_file(path: Path, folder: Path) -> bool:
             and path.resolve().parent == folder.resolve())
 
 
-def publish_run(src: Path, dest: Path) -> None:
+def publish_run(src: Path, dest: Path, root: Path | None = None) -> None:
     """Copy one finished run's artefacts from ``src`` to ``dest`` (replaced if it exists);
-    an artefact that is a symlink or not a regular file is left behind."""
+    an artefact that is a symlink or not a regular file is left behind. Paths in them are
+    made relative to ``root`` (default: the working folder) or dropped (``portable``)."""
     if src.is_symlink():
         return
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
     for name in ARTEFACTS:
-        if regular_file(src / name, src):
+        if not regular_file(src / name, src):
+            continue
+        if name in REWRITES:
+            text = (src / name).read_text(errors="replace")
+            (dest / name).write_text(REWRITES[name](text, root or Path.cwd()))
+        else:
             shutil.copyfile(src / name, dest / name, follow_symlinks=False)
 
 
@@ -75,19 +86,32 @@ def set_aside_published(published: Path, name: str, kept_as: str) -> Path | None
 
 
 def publish_ledger(grid: Grid, runs_dir: Path, dest: Path) -> None:
-    ledger = ledger_path(runs_dir, grid.name)
+    """Merge the local ledger into the published one: every call once, the published calls
+    first. Workers of one grid (``--shard``) publish into one folder, each its own calls."""
+    ledger, theirs = ledger_path(runs_dir, grid.name), ledger_path(dest, grid.name)
     # a symlinked ledger would publish whatever it points at, as artefacts would
-    if regular_file(ledger, ledger.parent) and \
-            ledger.resolve() != ledger_path(dest, grid.name).resolve():
-        dest.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(ledger, ledger_path(dest, grid.name), follow_symlinks=False)
+    if not regular_file(ledger, ledger.parent) or ledger.resolve() == theirs.resolve():
+        return
+    dest.mkdir(parents=True, exist_ok=True)
+    folder = os.open(dest, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)  # two workers merging at once would lose calls
+        seen = [line for line in theirs.read_text().splitlines() if line] \
+            if regular_file(theirs, dest) else []
+        known = set(seen)
+        mine = [line for line in ledger.read_text().splitlines() if line and line not in known]
+        tmp = dest / f".{theirs.name}.tmp"
+        tmp.write_text("".join(f"{line}\n" for line in [*seen, *mine]))
+        tmp.replace(theirs)
+    finally:
+        os.close(folder)  # and with it the lock
 
 
 def adopt_published(grid: Grid, runs_dir: Path, published: Path) -> list[str]:
     """Copy into ``runs_dir`` every run of the grid that is done (trained and evaluated) in the
     published folder but not in ``runs_dir``, and merge the published ledger into the local
-    one; returns the names adopted. This is how a grid goes on on another machine or in a new
-    session: the committed report folder holds what earlier sessions finished, the grid
+    one; returns the names adopted. This is how a grid goes on on another machine or in a later
+    invocation: the committed report folder holds what earlier ones finished, the grid
     skips those runs (after the usual check that their settings are the grid's) and runs the
     rest. A local run folder is never overwritten."""
     runs_dir, published = Path(runs_dir), Path(published)
@@ -105,7 +129,7 @@ def adopt_published(grid: Grid, runs_dir: Path, published: Path) -> list[str]:
         mine = [line for line in ours.read_text().splitlines() if line] \
             if ours.is_file() else []
         new = [line for line in theirs.read_text().splitlines() if line and line not in mine]
-        if new:  # calls of earlier sessions, each line once, before this session's
+        if new:  # earlier invocations' calls, each line once, before this one's
             ours.parent.mkdir(parents=True, exist_ok=True)
             ours.write_text("\n".join(new + mine) + "\n")
     return adopted

@@ -14,8 +14,8 @@ from musketeers.cache.errors import UserError
 from musketeers.cache.layout import SPLITS
 from musketeers.config import TrainConfig
 from musketeers.features import cache_root
-from musketeers.reports.grid import Grid
-from musketeers.reports.ledger import timed
+from musketeers.grid.ledger import timed
+from musketeers.gridspec import Grid
 
 log = logging.getLogger(__name__)
 FIXTURES = Path("tests/fixtures")  # where `make fixtures` writes the smoke grid's stores
@@ -160,7 +160,7 @@ def ensure_cache(grid: Grid, settings: dict[str, Any] | None,
 
     ``settings`` is the grid's ``precompute`` mapping (``limit`` items per split, ``dtype``,
     ``device``), or None when the grid must find its stores ready (the smoke grid's fixtures).
-    Each precompute call's wall time goes to ``ledger`` (``musketeers.reports.ledger``).
+    Each precompute call's wall time goes to ``ledger`` (``musketeers.grid.ledger``).
     """
     done = []
     for need in grid_needs(grid, team_experts):

@@ -1,18 +1,19 @@
 """What a grid's runs cost in wall time: the ledger's measured totals, and each stage's whole
-wall time projected from the runs done so far (a grid outlasts a session, so the report says
-how long it still needs)."""
+wall time projected from the runs done so far (a grid outlasts one invocation, so the report
+says how long it still needs)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from musketeers import methods
 from musketeers.config import TrainConfig
+from musketeers.grid.ledger import PHASES, ledger_path, run_seconds, totals
+from musketeers.gridspec import Grid
 from musketeers.reports.aggregate import Run, group_key
-from musketeers.reports.grid import Grid
-from musketeers.reports.ledger import PHASES, ledger_path, run_seconds, totals
 
 
 def measured_wall_time(runs_dir: Path, grid_name: str) -> list[str]:
@@ -33,8 +34,8 @@ def measured_wall_time(runs_dir: Path, grid_name: str) -> list[str]:
 
 def wall_time_by_stage(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]:
     """Per stage of the grid: its runs done, their measured hours, and the stage's whole
-    wall time projected from them, so a grid that outlasts a session says how long it still
-    needs. A run not done yet costs the mean of the done runs of its kind (family, steps,
+    wall time projected from them, so a grid that outlasts one invocation says how long it
+    still needs. A run not done yet costs the mean of the done runs of its kind (family, steps,
     evaluations, whether it reads experts); with none of its kind in its family, another
     family's runs of its kind scaled by how this family's done runs compare with that
     family's (a family with long prompts costs more for every method, and a method that
@@ -92,3 +93,14 @@ def wall_time_by_stage(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]
             "mean of the done runs of its kind: family, steps, evaluations, whether it reads "
             "experts; a kind not done in its family from another family's, scaled by the "
             "kinds both have done): " + "; ".join(parts)]
+
+
+def wall_time_lines(grid: Grid, runs_dir: Path) -> Callable[[list[Run]], list[str]]:
+    """The report's wall-time lines for ``grid`` run under ``runs_dir``: what its ledger
+    measured, then each stage's hours (``write_report``'s ``wall_time``)."""
+
+    def lines(runs: list[Run]) -> list[str]:
+        return [*measured_wall_time(runs_dir, grid.name),
+                *wall_time_by_stage(grid, runs, runs_dir)]
+
+    return lines

@@ -1,7 +1,7 @@
 """A stand-in trainer and evaluator that write run folders exactly as the real ones do.
 
 Used by the tests (counting calls, injecting failures) and to preview the figures without
-training: `python -m musketeers.reports.fake OUT_DIR` writes a synthetic report.
+training: `python -m musketeers.grid.fake OUT_DIR` writes a synthetic report.
 The curves are made up (routing sharpens, reward rises) and say nothing about the method.
 """
 
@@ -87,14 +87,17 @@ def fake_evaluate(run_dir: Path, limit: int | None = None, context: bool = True)
 
 def main(out: str) -> None:
     """Preview: run the smoke grid with the fake trainer, 3 seeds, and write its report."""
-    from musketeers.reports.grid import load_grid, run_grid
+    from musketeers.grid.run import run_grid
+    from musketeers.grid.walltime import wall_time_lines
+    from musketeers.gridspec import load_grid
     from musketeers.reports.report import write_report
 
     root = Path(out)
     grid = load_grid("smoke", seeds=[0, 1, 2])
     run_grid(grid, root / "runs", train_fn=fake_train, eval_fn=fake_evaluate,
              config_fn=lambda f: f)
-    print(write_report(grid, root / "runs", root / "reports"))
+    print(write_report(grid, root / "runs", root / "reports",
+                       wall_time=wall_time_lines(grid, root / "runs")))
 
 
 if __name__ == "__main__":

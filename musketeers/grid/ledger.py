@@ -101,7 +101,7 @@ def _calls(path: Path) -> Iterator[tuple[dict, str, bool]]:
         except json.JSONDecodeError:
             continue
     last_discard = {row["name"]: i for i, row in enumerate(rows) if row["phase"] == "stale"}
-    # Stores do not outlive a session on every machine, so a grid resumed elsewhere computes
+    # Stores do not outlive a machine's lease everywhere, so a grid resumed elsewhere computes
     # the same store again: one uninterrupted invocation computes it once, the last time.
     last_store = {row["name"]: i for i, row in enumerate(rows)
                   if row["phase"] == "precompute" and row.get("ok")}
