@@ -18,6 +18,7 @@ from typing import Any
 
 from musketeers import experiment
 from musketeers.cache.errors import UserError
+from musketeers.cache.store import store_name
 from musketeers.grid_yaml import check_grid, read_grid_yaml
 from musketeers.methods import fixed_steps, ignored
 
@@ -67,7 +68,8 @@ def run_name(budget: str, fields: dict[str, Any]) -> str:
     for key in NAME_FIELDS:
         if key in skip or fields.get(key) is None:
             continue
-        value = fields[key]
+        value = store_name(str(fields[key])) if key == "task" else fields[key]
+        # a task file's path becomes its store's name: no slashes in a run folder's name
         parts.append(f"m{value}" if key == "latents" else str(value).replace(":", ""))
     parts.append(f"s{fields.get('seed', 0)}")
     return "-".join(parts)

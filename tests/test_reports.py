@@ -153,7 +153,7 @@ def test_verdicts_say_when_a_difference_is_within_evaluation_noise(tmp_path: Pat
     assert agg.Cell([agg.Run("x", tmp_path, {}, "done", eval={"exact": 0.5})]).item_se is None
 
 
-def test_grid_expands_dedups_and_filters():
+def test_grid_expands_dedups_and_filters(tmp_path):
     grid = load_grid("smoke")
     names = [r.name for r in grid.runs]
     assert len(names) == len(set(names))
@@ -165,6 +165,11 @@ def test_grid_expands_dedups_and_filters():
     assert next(r for r in grid.runs if r.name == default).eval_no_context
     assert run_name("smoke", {"task": "logic", "method": "single", "team": "x", "seed": 1}) \
         == "smoke-logic-single-s1"
+    task_file = tmp_path / "sub" / "mix.yaml"
+    task_file.parent.mkdir()
+    task_file.write_text("name: mix\ndatasets:\n  - {name: products, weight: 1, config: {}}\n")
+    named = run_name("smoke", {"task": str(task_file), "method": "single", "seed": 0})
+    assert "/" not in named and named.startswith("smoke-mix-")  # a path never nests folders
     two = load_grid("smoke", seeds=[0, 1], tasks=["logic"])
     # 11 runs per seed, and the untrained run once (its entry fixes seeds: [0])
     assert len(two.runs) == 2 * 11 + 1 and {r.fields["task"] for r in two.runs} == {"logic"}
