@@ -10,10 +10,10 @@ BUDGETS: dict[str, dict[str, Any]] = {
     "smoke": dict(steps=3, prompts_per_micro=2, grad_accum=1, group_size=2, max_new_tokens=16,
                   save_every=1, eval_limit=8, dtype="float32"),
     # the pocket policy (Qwen2.5-Coder-0.5B) on a 2-core CPU, sized so a run gets a GRPO
-    # signal and the main comparison fits one night (BENCHMARKS.md, "a regime with a
-    # signal"); the adapter learns at a tenth of the paper's lr because a first Adam step at
-    # 1e-4 moved C far enough to stop the policy (BENCHMARKS.md, "the adapter's learning
-    # rate: 1e-5 for the pocket grid")
+    # signal and the main comparison fits one night (docs/benchmarks-history.md, "a regime
+    # with a signal"); the adapter learns at a tenth of the paper's lr because a first Adam
+    # step at 1e-4 moved C far enough to stop the policy (docs/benchmarks-history.md, "the
+    # adapter's learning rate: 1e-5 for the pocket grid")
     "pocket": dict(steps=20, prompts_per_micro=4, grad_accum=1, group_size=8,
                    max_new_tokens=32, save_every=10, eval_limit=400, adapter_lr=1e-5,
                    dtype="auto"),
