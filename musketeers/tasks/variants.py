@@ -12,8 +12,8 @@ Besides the named tasks, ``rg:NAME[@PROMPT]`` is any Reasoning Gym dataset at it
 
 Why levels exist: a 0.5B policy with 64-128 new tokens gets no reward from the paper's
 settings on a CPU (measured; see docs/benchmarks-history.md, "A regime with a signal"), and
-GRPO needs groups whose rewards differ. Easier items and a shorter answer format are the levers that do
-not touch the method.
+GRPO needs groups whose rewards differ. Easier items and a shorter answer format are the levers
+that do not touch the method.
 """
 
 from __future__ import annotations
