@@ -92,6 +92,19 @@ def with_hints(item: Item, hints: list[str], expert_names: list[str]) -> Item:
     return replace(item, question=f"{item.question}\n\n{block}")
 
 
+def scored_rows(items: list[Item]) -> list[int]:
+    """The validation rows a result is measured on: each question once, and only with a gold
+    answer. A repeated question would count one item twice in a paired comparison, and an item
+    without gold scores 0 under every method."""
+    seen: set[str] = set()
+    rows = []
+    for i, it in enumerate(items):
+        if it.answer is not None and it.question not in seen:
+            seen.add(it.question)
+            rows.append(i)
+    return rows
+
+
 def load_split(cfg: TrainConfig, split: str, expert_names: list[str],
                limit: int | None = None) -> SplitData:
     """Read ``split`` of ``cfg.task`` for the run's method, once: what the method's registry
@@ -112,16 +125,18 @@ def load_split(cfg: TrainConfig, split: str, expert_names: list[str],
         arrays = reader.read_vectors(cfg.cache_dir, cfg.task, split, names, cfg.pooling,
                                      seed=cfg.seed)
     items = read_checked_items(cfg.cache_dir, cfg.task, split)
-    n = len(items) if limit is None else min(limit, len(items))
-    items = items[:n]
+    rows = scored_rows(items) if split == "val" else list(range(len(items)))
+    rows = rows if limit is None else rows[:limit]
+    n = len(rows)
+    items = [items[i] for i in rows]
     vectors: list[torch.Tensor] = []
     router = None
     if hints is not None:
-        items = [with_hints(it, hints[i], names) for i, it in enumerate(items)]
+        items = [with_hints(it, hints[r], names) for r, it in zip(rows, items, strict=True)]
     if arrays is not None:
-        vectors = [torch.from_numpy(a[:n]).float().contiguous() for a in arrays]
+        vectors = [torch.from_numpy(a[rows]).float().contiguous() for a in arrays]
         if "router" in method.reads:
-            router = torch.from_numpy(reader.read_router(cfg.cache_dir, cfg.task, split)[:n])
+            router = torch.from_numpy(reader.read_router(cfg.cache_dir, cfg.task, split)[rows])
             router = router.float().contiguous()
     if method.shuffle_vectors:
         perm = methods.derangement(n, cfg.seed)

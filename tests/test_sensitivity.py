@@ -249,3 +249,15 @@ def test_the_channel_diagnostic_pairs_its_conditions_item_by_item():
     got = paired(own, other)
     assert got["diff"] == 50.0  # two of four items gained, none lost
     assert abs(got["se"] - 100 * (np.std([1, 0, 0, 1], ddof=1) / 2)) < 1e-9
+
+
+def test_validation_counts_each_question_once_and_only_with_a_gold_answer():
+    from musketeers.cache.items import Item
+    from musketeers.data import scored_rows
+
+    def item(i: int, q: str, a: str | None) -> Item:
+        return Item(id=str(i), question=q, system="", answer=a, entry="{}", source="s")
+
+    items = [item(0, "1+1", "2"), item(1, "2+2", "4"), item(2, "1+1", "2"),
+             item(3, "3+3", None), item(4, "5+5", "10")]
+    assert scored_rows(items) == [0, 1, 4]

@@ -124,6 +124,7 @@ def test_evaluation_batches_by_length_and_keeps_the_split_order(tmp_path):
     """Logic prompts of unequal length: batches of 3 grouped by length give every item the
     completion it gets alone (batch 1, no padding), and the samples keep the split's order."""
     from musketeers.cache.reader import read_items
+    from musketeers.data import scored_rows
     from musketeers.evaluate import evaluate, length_batches
 
     cfg = run_cfg(tmp_path, "perceiver", steps=1)
@@ -141,7 +142,9 @@ def test_evaluation_batches_by_length_and_keeps_the_split_order(tmp_path):
         assert part == {"items": len(mine), "exact": sum(x >= 1.0 for x in mine) / len(mine),
                         "score": sum(mine) / len(mine)}
     assert json.loads((run / "eval.json").read_text())["by_source"] == result["by_source"]
-    ids = [it.id for it in read_items(FIXTURES, "logic", "val")[:8]]
+    val = read_items(FIXTURES, "logic", "val")
+    ids = [val[i].id for i in scored_rows(val)[:8]]  # each question once, with its gold
+    assert len({val[i].question for i in scored_rows(val)}) == len(scored_rows(val)) < len(val)
     assert [r["id"] for r in rows[3]] == [r["id"] for r in rows[1]] == ids
     assert [r["completion"] for r in rows[3]] == [r["completion"] for r in rows[1]]
     lengths = [5, 9, 2, 9, 7]
