@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -36,8 +37,18 @@ DEFAULT_TIMEOUT_S = 1800
 _FAILED_KEY = "musketeers/failed"
 _PID_KEY = "musketeers/pid/"
 # what a collective raises when a peer process is gone (gloo) or silent (NCCL's watchdog)
-_PEER_LOST = ("connection closed", "connection reset", "broken pipe", "timed out",
-              "timeout", "peer", "nccl")
+_PEER_LOST = ("connection closed", "connection reset", "broken pipe", "timed out", "nccl")
+
+
+def lead() -> bool:
+    """Whether this process reports (rank 0, or no torchrun): the other ranks stay quiet."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def rank_prefix() -> str:
+    """``rank N: `` under torchrun with several ranks, so that each rank's line says whose."""
+    return f"rank {os.environ.get('RANK', '0')}: " if int(os.environ.get("WORLD_SIZE", "1")) > 1 \
+        else ""
 
 
 def timeout_s() -> float:
@@ -119,16 +130,24 @@ class World(Dist):
     @contextlib.contextmanager
     def failures(self, again: str) -> Iterator[None]:
         """One line when a rank stops: the rank that failed says why (and tells the others
-        through the rendezvous store), the others name it instead of a backend trace."""
+        through the rendezvous store); the others name it instead of printing a backend's
+        trace, whether their collective failed or torchrun's agent stopped them (SIGTERM)."""
         if self.world <= 1:
             yield
             return
+        stopped = (f"; the run stopped, continue it from its last checkpoint with any number "
+                   f"of ranks: {again}")
         try:
             yield
+        except SystemExit as exc:
+            who = self._who_failed(0.0) if exc.code == 128 + signal.SIGTERM else None
+            if who:  # torchrun stops every rank when one fails
+                raise UserError(who + stopped) from None
+            raise
         except Exception as exc:
             if not isinstance(exc, UserError) and _peer_lost(exc):
-                raise UserError(f"{self._who_failed()}; the run stopped, continue it from its "
-                                f"last checkpoint with any number of ranks: {again}") from None
+                raise UserError((self._who_failed() or "another rank stopped answering")
+                                + stopped) from None
             first = (str(exc).splitlines() or [""])[0]
             self._publish(first if isinstance(exc, UserError)
                           else f"{type(exc).__name__}: {first}")
@@ -151,26 +170,34 @@ class World(Dist):
             if store is not None:
                 store.set(_FAILED_KEY, f"rank {self.rank}: {message}")
 
-    def _who_failed(self, wait_s: float = 3.0) -> str:
-        """The failing rank's own message, else the ranks on this host whose process is gone."""
+    def _who_failed(self, wait_s: float = 3.0) -> str | None:
+        """The failing rank's own message, else the ranks on this host whose process is gone
+        (a killed rank says nothing); None when neither shows within ``wait_s``."""
         store = self._store()
         if store is None:
-            return "another rank stopped"
+            return None
         deadline = time.monotonic() + wait_s
-        while True:  # a rank that failed with a message publishes it as it unwinds
-            with contextlib.suppress(Exception):
-                if store.check([_FAILED_KEY]):
-                    return store.get(_FAILED_KEY).decode()
-            if time.monotonic() > deadline:
-                break
+        while True:
+            found = _published(store) or self._dead_here(store)
+            if found or time.monotonic() >= deadline:
+                return found
             time.sleep(0.2)
+
+    def _dead_here(self, store) -> str | None:
         dead = []
         for rank in range(self.world):
             with contextlib.suppress(Exception):
                 host, pid = store.get(f"{_PID_KEY}{rank}").decode().split()
                 if host == socket.gethostname() and not _alive(int(pid)):
                     dead.append(f"rank {rank} (PID {pid}) died")
-        return "; ".join(dead) or "a rank on another node stopped answering"
+        return "; ".join(dead) or None
+
+
+def _published(store) -> str | None:
+    with contextlib.suppress(Exception):
+        if store.check([_FAILED_KEY]):
+            return store.get(_FAILED_KEY).decode()
+    return None
 
 
 def _peer_lost(exc: BaseException) -> bool:

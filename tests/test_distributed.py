@@ -54,11 +54,16 @@ def _spy(record: list[dict[str, Any]]):
     return real
 
 
-def _rank(rank: int, world: int, port: int, cfgs: list, out: str, die_at: int | None) -> None:
-    """One spawned rank: train its config, write what it sampled and any error to ``out``."""
+def _join(rank: int, world: int, port: int) -> None:
+    """What torchrun sets for each rank."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
+
+
+def _rank(rank: int, world: int, port: int, cfgs: list, out: str, die_at: int | None) -> None:
+    """One spawned rank: train its config, write what it sampled and any error to ``out``."""
+    _join(rank, world, port)
     from musketeers.trainer import train
 
     record: list[dict[str, Any]] = []
@@ -77,6 +82,14 @@ def _rank(rank: int, world: int, port: int, cfgs: list, out: str, die_at: int | 
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
 
 
+def _eval_rank(rank: int, world: int, port: int, run: str, out: str) -> None:
+    _join(rank, world, port)
+    from musketeers.evaluate import evaluate
+
+    result = evaluate(Path(run), batch_size=4)  # 16 val items: 4 batches, 2 per rank
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -84,15 +97,18 @@ def _free_port() -> int:
 
 
 def spawn(cfgs: list, out: Path, die_at: int | None = None) -> list[dict[str, Any]]:
-    """Run ``len(cfgs)`` ranks to their end (none is killed when another fails)."""
+    """Train on ``len(cfgs)`` ranks to their end (none is killed when another fails)."""
+    return _spawn(_rank, len(cfgs), out, cfgs, str(out), die_at)
+
+
+def _spawn(fn, n: int, out: Path, *args) -> list[dict[str, Any]]:
     out.mkdir(parents=True, exist_ok=True)
-    ctx = mp.spawn(_rank, args=(len(cfgs), _free_port(), cfgs, str(out), die_at),
-                   nprocs=len(cfgs), join=False)
+    ctx = mp.spawn(fn, args=(n, _free_port(), *args), nprocs=n, join=False)
     for p in ctx.processes:
         p.join(300)
         assert p.exitcode is not None, "a rank hung"
     return [json.loads(f.read_text()) if (f := out / f"rank{r}.json").exists() else {}
-            for r in range(len(cfgs))]
+            for r in range(n)]
 
 
 def metrics(run: Path) -> list[dict]:
@@ -180,6 +196,18 @@ def test_dead_rank_is_named_and_the_run_resumes_on_one_rank(planted_store, one_r
     train(config(planted_store, run), resume=True)  # one rank continues the 2-rank run
     assert_same_rows(metrics(run), metrics(run1))
     assert_same_weights(run, run1)
+
+
+def test_eval_split_across_ranks_equals_one_process(one_rank, tmp_path):
+    from musketeers.evaluate import evaluate
+
+    run, _ = one_rank
+    one = evaluate(run, batch_size=4)
+    samples = (run / "eval_samples.jsonl").read_text()
+    (run / "eval_samples.jsonl").unlink()
+    ranks = _spawn(_eval_rank, 2, tmp_path / "out", str(run), str(tmp_path / "out"))
+    assert ranks[0] == ranks[1] == one  # every rank returns rank 0's result
+    assert (run / "eval_samples.jsonl").read_text() == samples  # rank 0 wrote every item
 
 
 def test_ranks_with_different_configs_are_refused(planted_store, tmp_path):
