@@ -75,11 +75,6 @@ class Rollout:
     old_logp: torch.Tensor | None = None  # [B'·G, T] for kept groups (None when μ = 1)
     ref_logp: torch.Tensor | None = None
 
-    @property
-    def has_signal(self) -> bool:
-        """Whether any group in the loss has a non-zero advantage (a policy gradient)."""
-        return bool(self.keep.any()) and bool((self.adv[self.keep] != 0).any())
-
 
 def rng_snapshot(device: str) -> RngState:
     """The generator states the adapter's random draws (hard routing's Gumbel noise) come

@@ -272,13 +272,13 @@ def train(cfg: TrainConfig, *, resume: bool = False, policy_factory: PolicyFacto
 
 
 def check_world(cfg: TrainConfig, world: World, resume: bool, stop_after: int | None) -> None:
-    """Every rank runs the same resolved config, and has at least one prompt per update."""
-    world.check_same("config", {**dataclasses.asdict(cfg), "resume": resume,
-                                "stop_after": stop_after})
+    """Every rank has at least one prompt per update, and runs the same resolved config."""
     batch = cfg.prompts_per_micro * cfg.grad_accum
     if world.world > batch:
         raise UserError(f"{world.world} ranks for an update of {batch} prompts: every rank needs "
                         f"one; start at most {batch} ranks, or raise --grad-accum")
+    world.check_same("config", {**dataclasses.asdict(cfg), "resume": resume,
+                                "stop_after": stop_after})
 
 
 def _restore(world: World, run, resume: bool, policy, adapter, optimizer, scheduler,

@@ -229,3 +229,11 @@ def test_one_rank_world_is_a_no_op():
 def test_shards_cover_the_update_in_rank_order():
     shards = [World(rank, 3).shard(8) for rank in range(3)]
     assert shards == [slice(0, 3), slice(3, 6), slice(6, 8)]
+
+
+def test_more_ranks_than_prompts_are_refused(planted_store, tmp_path):
+    from musketeers.trainer import check_world
+
+    cfg = config(planted_store, tmp_path / "run")  # 2 × 2 prompts per update
+    with pytest.raises(UserError, match="^5 ranks for an update of 4 prompts"):
+        check_world(cfg, World(0, 5), resume=False, stop_after=None)
