@@ -28,7 +28,9 @@ class Dist:
     world: int = 1
 
     @classmethod
-    def from_env(cls, device: str = "cpu") -> Dist:
+    def from_env(cls, device: str = "cpu", timeout: timedelta = timedelta(hours=6)) -> Dist:
+        """This process's rank, the process group initialised once (``timeout`` bounds every
+        collective: how long a rank waits for the others)."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world <= 1:
             return cls()
@@ -38,10 +40,9 @@ class Dist:
 
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         if not tdist.is_initialized():
-            # Ranks wait at barriers while rank 0 converts a model or a slower rank finishes
-            # its chunks: allow hours, not the default 10-30 minutes.
-            tdist.init_process_group("nccl" if device == "cuda" else "gloo",
-                                     timeout=timedelta(hours=6))
+            # Precompute's ranks wait at barriers while rank 0 converts a model or a slower
+            # rank finishes its chunks: the default allows hours, not torch's 10-30 minutes.
+            tdist.init_process_group("nccl" if device == "cuda" else "gloo", timeout=timeout)
         return cls(tdist.get_rank(), tdist.get_world_size())
 
     def close(self) -> None:

@@ -71,7 +71,9 @@ def main() -> None:
     try:
         app()  # click turns Ctrl-C into SystemExit(130); the SIGTERM handler raises 143
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        from musketeers.distributed import rank_prefix
+
+        print(f"error: {rank_prefix()}{exc}", file=sys.stderr)
         sys.exit(2)
     except SystemExit as exc:
         if exc.code in INTERRUPTED:

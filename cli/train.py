@@ -54,6 +54,7 @@ def _train(config: Path | None = None, resume: bool = False, **options: Any) -> 
     """Train the policy and adapter with GRPO on cached expert vectors."""
     from musketeers.cli.interrupt import on_interrupt
     from musketeers.config import apply_overrides, read_run_config, resolve_config, validate
+    from musketeers.distributed import lead
     from musketeers.runfolder import resume_command
     from musketeers.trainer import train as run_training
 
@@ -86,8 +87,9 @@ def _train(config: Path | None = None, resume: bool = False, **options: Any) -> 
         cfg = resolve_config(config, overrides)
     on_interrupt(f"resume it with: {resume_command(cfg.run_path())}")
     summary = run_training(cfg, resume=resume, stop_after=stop_after)
-    typer.echo(f"run: {cfg.run_path()}")
-    typer.echo(json.dumps(summary, indent=2))
+    if lead():  # under torchrun, once
+        typer.echo(f"run: {cfg.run_path()}")
+        typer.echo(json.dumps(summary, indent=2))
 
 
 def train_command() -> Any:
@@ -120,10 +122,12 @@ def evaluate(
                           ] = False,
 ) -> None:
     """Greedy accuracy of a trained run on the cached validation split."""
+    from musketeers.distributed import lead
     from musketeers.evaluate import evaluate as run_eval
 
     result = run_eval(run_dir, limit=limit, no_context=no_context)
-    typer.echo(json.dumps(result, indent=2))
+    if lead():
+        typer.echo(json.dumps(result, indent=2))
 
 
 def register(app: typer.Typer) -> None:

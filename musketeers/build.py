@@ -43,6 +43,17 @@ def build_policy(cfg: TrainConfig):
     return Policy(model, tokenizer, lora_r=cfg.lora_r, context_position=cfg.context_position)
 
 
+def fetch_policy(cfg: TrainConfig) -> None:
+    """Convert or build the local copy ``build_policy`` loads, without loading it: under
+    torchrun rank 0 does this once, before the ranks load it side by side."""
+    if ":" in cfg.policy and not Path(cfg.policy).exists():
+        return  # a plugin builds its own policy
+    from musketeers.cache.experts import resolve_local
+    from musketeers.teams import policy_spec
+
+    resolve_local(policy_spec(cfg.policy))
+
+
 def _policy_plugin(ref: str) -> PolicyFactory:
     module, _, attr = ref.partition(":")
     try:

@@ -12,6 +12,9 @@ gold answer, completion, extracted answer, score), so a low score can be read, n
 ``truncated`` the share cut off at ``max_new_tokens`` before an end-of-turn token.
 ``by_source`` breaks items, exact and score down by each item's source dataset: a mix's total
 can hide that one dataset carries every gain.
+
+Under ``torchrun`` the ranks take turns at the length batches and rank 0 gathers every
+completion and writes the files: the same batches, so the same completions as one process.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from musketeers.cache.devices import dtype_name
 from musketeers.cache.errors import UserError
 from musketeers.cache.progress import progress
 from musketeers.config import read_run_config
+from musketeers.distributed import World
 from musketeers.rollout import adapter_context, policy_score
 from musketeers.runlog import eval_files
 from musketeers.tasks import extract_answer
@@ -44,11 +48,25 @@ def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = Fals
     if limit is not None and limit < 1:
         raise UserError(f"--limit must be >= 1, got {limit}")
     cfg = read_run_config(run_dir)
-    _intact_last(run_dir)  # refused before any model loads
-    runfolder.check_store(cfg, run_dir)  # as --resume does: never score on a replaced store
     again = f"musketeers eval {shlex.quote(str(run_dir))}" + (" --no-context" * no_context)
+    world = World.from_env(cfg.device)
+    with world.failures(again):
+        world.on_rank0(lambda: _check_before(cfg, run_dir, again))
+        return _evaluate(cfg, run_dir, world, again, limit=limit, no_context=no_context,
+                         batch_size=batch_size, policy_factory=policy_factory)
+
+
+def _check_before(cfg, run_dir: Path, again: str) -> None:
+    """What is refused before any model loads."""
+    _intact_last(run_dir)
+    runfolder.check_store(cfg, run_dir)  # as --resume does: never score on a replaced store
     # a folder it cannot write is refused now, not after the whole evaluation has run
     runfolder.check_writable(run_dir, again)
+
+
+def _evaluate(cfg, run_dir: Path, world: World, again: str, *, limit: int | None,
+              no_context: bool, batch_size: int, policy_factory: PolicyFactory | None
+              ) -> dict[str, Any]:
     data, policy, adapter = build_components(cfg, "val", limit=limit or cfg.eval_limit,
                                              policy_factory=policy_factory)
     last = load_newest(run_dir, policy.model, adapter)
@@ -57,9 +75,10 @@ def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = Fals
     use_adapter = None if no_context else adapter
     prompts = policy.encode_prompts(data.items)
     by_sample: dict[int, dict[str, Any]] = {}
-    with progress(f"eval {run_dir.name}", total=len(data), unit="items") as bar, \
+    mine = length_batches(prompts, batch_size)[world.rank::world.world]
+    with progress(f"eval {run_dir.name}", total=sum(len(r) for r in mine), unit="items") as bar, \
             torch.no_grad():
-        for rows in length_batches(prompts, batch_size):
+        for rows in mine:
             items, vectors, router = data.batch(rows)
             context, _ = adapter_context(use_adapter, vectors, router, cfg.device)
             comps = policy.generate([prompts[i] for i in rows.tolist()], context, group_size=1,
@@ -72,6 +91,10 @@ def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = Fals
                                 "answer": extract_answer(text, cfg.extraction),
                                 "score": policy_score(it, text, cfg.extraction)}
             bar.advance(len(items))
+    for part in world.all_gather(by_sample if world.rank else {})[1:]:
+        by_sample.update(part)
+    if world.rank:
+        return world.broadcast(None)
     samples = [by_sample[i] for i in range(len(data))]  # the split's order, whatever the batches
     n = max(len(samples), 1)
     result = {
@@ -92,7 +115,7 @@ def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = Fals
         "dtype": dtype_name(policy.dtype),  # as resolved on the machine that evaluated
     }
     write_eval(run_dir, result, samples, no_context, again)
-    return result
+    return world.broadcast(result)
 
 
 def by_source(samples: list[dict[str, Any]]) -> dict[str, dict[str, float | int]]:

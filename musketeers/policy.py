@@ -206,7 +206,7 @@ class Policy:
         temperature: float = 1.0,
         top_p: float = 1.0,
         greedy: bool = False,
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | list[torch.Generator] | None = None,
     ) -> list[list[int]]:
         """B·G completions (group-major: row b·G + g), all rows decoded together with the KV
         cache. Each is cut after its first eos (kept once); padding is stripped.
@@ -215,8 +215,9 @@ class Policy:
         its G rows, and the head all B prompts share once for all of them
         (``_shared_prefill``); ``sampling.decode`` then samples from π itself:
         softmax(logits / temperature), no top-k, repetition penalty or other processors.
-        Randomness comes from ``generator`` when given (the global RNG is then untouched),
-        else from the global torch RNG (``torch.manual_seed``).
+        Randomness comes from ``generator`` when given (the global RNG is then untouched;
+        a list: one stream per prompt, see ``sampling.sample_tokens``), else from the global
+        torch RNG (``torch.manual_seed``).
         """
         if max_new_tokens < 1:
             return [[] for _ in range(len(prompt_ids) * group_size)]

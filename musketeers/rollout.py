@@ -5,10 +5,13 @@ each. It is built in three passes, because advantages are a property of the upda
 micro-batch:
 
   1. ``sample``: per micro-batch, C from the adapter and G completions per prompt, scored;
+     every prompt's draws come from its own stream, seeded by (seed, step, its position in
+     the update), so how the update is cut into micro-batches and ranks changes no sample;
   2. ``assign_advantages``: rewards of every micro-batch → advantages, so RLOO+'s per-task
      standardisation pools every prompt of a task in the update (per micro-batch, most
      prompts had no other of their dataset and LOO only rescaled GRPO); the
-     ``shuffled_reward`` control permutes each group's rewards here;
+     ``shuffled_reward`` control permutes each group's rewards here; under data parallelism
+     each rank gathers every rank's rewards first (``musketeers.distributed``);
   3. ``reference_passes``: old and reference log-probs of the groups that enter the loss.
 """
 
@@ -26,6 +29,7 @@ from musketeers.cache.errors import UserError
 from musketeers.cache.items import Item
 from musketeers.config import TrainConfig
 from musketeers.data import SplitData, derived_seed
+from musketeers.distributed import World
 from musketeers.grpo import compute_advantages, zero_variance_groups
 
 # (step, tensor name, tensor) -> tensor: lets tests inject faults (NaN) at named points.
@@ -36,6 +40,8 @@ VectorSource = Callable[[list[Item], torch.Tensor], list[torch.Tensor]]
 RngState = tuple[torch.Tensor, torch.Tensor | None]
 _SHUFFLE_TAG = 0x5F1E  # derived_seed stream of the shuffled_reward control
 _NO_CONTEXT_TAG = 0x0C7A  # ... and of Figure 5's samples without C
+_SAMPLE_TAG = 0x5A3D  # ... of each prompt's completions
+_ADAPTER_TAG = 0xAD7A  # ... of a micro-batch's adapter draws (hard routing's Gumbel noise)
 
 
 class NonFiniteError(UserError):
@@ -69,17 +75,31 @@ class Rollout:
     old_logp: torch.Tensor | None = None  # [B'·G, T] for kept groups (None when μ = 1)
     ref_logp: torch.Tensor | None = None
 
-    @property
-    def has_signal(self) -> bool:
-        """Whether any group in the loss has a non-zero advantage (a policy gradient)."""
-        return bool(self.keep.any()) and bool((self.adv[self.keep] != 0).any())
-
 
 def rng_snapshot(device: str) -> RngState:
     """The generator states the adapter's random draws (hard routing's Gumbel noise) come
     from: the CPU's, and the GPU's when the adapter runs there."""
     dev = torch.device(device)
     return torch.get_rng_state(), torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None
+
+
+def prompt_generators(seed: int, tag: int, step: int, positions: list[int]
+                      ) -> list[torch.Generator]:
+    """One CPU stream per prompt, seeded by (seed, stream, step, the prompt's position in the
+    update): never by the micro-batch or rank it lands in."""
+    return [torch.Generator().manual_seed(derived_seed(seed, tag, step, p)) for p in positions]
+
+
+def seeded_rng(device: str, seed: int) -> RngState:
+    """The generator states ``adapter_context`` replays, seeded: the adapter's draws for a
+    micro-batch then follow from its first prompt's position, not from what ran before."""
+    dev = torch.device(device)
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        torch.set_rng_state(torch.Generator().manual_seed(seed).get_state())
+        if dev.type == "cuda":
+            with torch.cuda.device(dev):
+                torch.cuda.manual_seed(seed)
+        return rng_snapshot(device)
 
 
 def adapter_context(adapter, vectors, router, device, rng_state: RngState | None = None):
@@ -120,21 +140,23 @@ def policy_score(item: Item, text: str, extraction: str = "strict") -> float:
 
 
 def sample(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, rows: torch.Tensor,
-           generator: torch.Generator, fault: FaultHook | None,
+           positions: list[int], fault: FaultHook | None,
            vector_source: VectorSource | None) -> Rollout:
-    """Pass 1: sample G completions for each prompt of ``rows`` and score them."""
+    """Pass 1: sample G completions for each prompt of ``rows`` (at ``positions`` of the
+    update) and score them."""
     from musketeers.tasks import extract_answer
 
     items, vectors, router = data.batch(rows)
     if vector_source is not None:
         vectors = vector_source(items, rows)
     prompt_ids = policy.encode_prompts(items)
-    adapter_rng = rng_snapshot(cfg.device)
+    adapter_rng = seeded_rng(cfg.device, derived_seed(cfg.seed, _ADAPTER_TAG, step, positions[0]))
     with torch.no_grad():
-        context, attention = adapter_context(adapter, vectors, router, cfg.device)
+        context, attention = adapter_context(adapter, vectors, router, cfg.device, adapter_rng)
         completions = policy.generate(
             prompt_ids, context, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature, greedy=False, generator=generator)
+            temperature=cfg.temperature, greedy=False,
+            generator=prompt_generators(cfg.seed, _SAMPLE_TAG, step, positions))
     texts = [policy.decode(c) for c in completions]
     g = cfg.group_size
     rewards = torch.tensor([[policy_score(items[b], texts[b * g + j], cfg.extraction)
@@ -162,23 +184,31 @@ def shuffle_within_groups(rewards: torch.Tensor, seed: int) -> torch.Tensor:
     return torch.gather(rewards, 1, perm)
 
 
-def assign_advantages(cfg: TrainConfig, step: int, rollouts: list[Rollout]) -> None:
-    """Pass 2: advantages over the whole update (every micro-batch), and which groups enter
-    the loss. The ``shuffled_reward`` control permutes each group's rewards first, from a
-    stream seeded by (seed, step) alone, so it samples exactly what Ours samples."""
-    rewards = torch.cat([r.rewards for r in rollouts])  # [B_total, G]
+def assign_advantages(cfg: TrainConfig, step: int, rollouts: list[Rollout],
+                      world: World | None = None) -> tuple[bool, bool]:
+    """Pass 2: advantages over the whole update (every micro-batch of every rank), and which
+    groups enter the loss. The ``shuffled_reward`` control permutes each group's rewards
+    first, from a stream seeded by (seed, step) alone, so it samples exactly what Ours samples.
+
+    Returns, for the whole update: whether any group enters the loss, and whether any of
+    those carries a non-zero advantage (a policy gradient)."""
+    world = world or World()
+    mine = ([r.rewards for r in rollouts], [it.source for r in rollouts for it in r.items])
+    gathered = world.all_gather(mine)
+    rewards = torch.cat([t for ranks_rewards, _ in gathered for t in ranks_rewards])  # [B, G]
     if methods.get(cfg.method).shuffle_rewards:
         rewards = shuffle_within_groups(rewards, derived_seed(cfg.seed, _SHUFFLE_TAG, step))
-    sources = [it.source for r in rollouts for it in r.items]
+    sources = [src for _, ranks_sources in gathered for src in ranks_sources]
     adv = compute_advantages(rewards, advantage=cfg.advantage, reward_norm=cfg.reward_norm,
                              sources=sources)
     keep = ~zero_variance_groups(rewards) if cfg.dynamic_sampling else \
         torch.ones(len(sources), dtype=torch.bool)
-    start = 0
+    start = sum(len(s) for _, s in gathered[:world.rank])  # this rank's first prompt
     for r in rollouts:
         b = len(r.items)
         r.adv, r.keep = adv[start:start + b], keep[start:start + b]
         start += b
+    return bool(keep.any()), bool(keep.any()) and bool((adv[keep] != 0).any())
 
 
 def reference_passes(cfg: TrainConfig, policy, r: Rollout) -> None:
@@ -196,21 +226,27 @@ def reference_passes(cfg: TrainConfig, policy, r: Rollout) -> None:
 
 
 def no_context_reward(cfg: TrainConfig, step: int, policy, data: SplitData,
-                      rows: torch.Tensor) -> float:
+                      rows: torch.Tensor, positions: list[int] | None = None) -> float:
     """Mean reward of π_θ(y | x) — the policy alone, no context positions — on the step's own
-    prompts (the paper's Figure 5 against π_θ(y | [x ‖ C])).
+    prompts (the paper's Figure 5 against π_θ(y | [x ‖ C])); see ``no_context_scores``."""
+    return float(np.mean(no_context_scores(cfg, step, policy, data, rows, positions)))
 
-    Sampled from a generator seeded by (seed, step), never from the training streams, so a
-    run that logs it trains exactly like one that does not, and resume stays exact.
+
+def no_context_scores(cfg: TrainConfig, step: int, policy, data: SplitData,
+                      rows: torch.Tensor, positions: list[int] | None = None) -> list[float]:
+    """The scores behind ``no_context_reward``, G per prompt of ``rows`` (at ``positions`` of
+    the update; default 0, 1, ...).
+
+    Sampled from streams seeded by (seed, step, position), never from the training streams,
+    so a run that logs it trains exactly like one that does not, and resume stays exact.
     """
     items, _, _ = data.batch(rows)
-    generator = torch.Generator().manual_seed(derived_seed(cfg.seed, _NO_CONTEXT_TAG, step))
+    positions = list(range(len(items))) if positions is None else positions
     with torch.no_grad():
         completions = policy.generate(
             policy.encode_prompts(items), None, group_size=cfg.group_size,
             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, greedy=False,
-            generator=generator)
+            generator=prompt_generators(cfg.seed, _NO_CONTEXT_TAG, step, positions))
     g = cfg.group_size
-    scores = [policy_score(items[i // g], policy.decode(c), cfg.extraction)
-              for i, c in enumerate(completions)]
-    return float(np.mean(scores))
+    return [policy_score(items[i // g], policy.decode(c), cfg.extraction)
+            for i, c in enumerate(completions)]

@@ -34,7 +34,7 @@ def sample_tokens(
     temperature: float = 1.0,
     top_p: float = 1.0,
     greedy: bool = False,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | list[torch.Generator] | None = None,
     rows: Tensor | None = None,
     n_rows: int | None = None,
 ) -> Tensor:
@@ -48,6 +48,9 @@ def sample_tokens(
     draws on every device) or from the global RNG. ``rows``/``n_rows``: the logits are rows
     ``rows`` of a batch of ``n_rows``; u is drawn for all ``n_rows`` and row i takes
     u[rows[i]], so a row's draws do not depend on which other rows are still running.
+    A list of generators splits the ``n_rows`` into as many equal consecutive blocks (a
+    prompt's G rows, each prompt with its own stream): a prompt's draws then do not depend on
+    which other prompts share its batch, or its process under data parallelism.
     """
     if greedy:
         return logits.argmax(dim=-1)
@@ -58,10 +61,20 @@ def sample_tokens(
         drop = (sorted_p.cumsum(-1) - sorted_p) >= top_p
         probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
     cdf = probs.cumsum(dim=-1)
-    u = torch.rand(probs.shape[0] if n_rows is None else n_rows, 1, generator=generator)
+    u = uniforms(probs.shape[0] if n_rows is None else n_rows, generator)
     u = (u if rows is None else u[rows.cpu()]).to(cdf.device)
     idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
     return idx.squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+
+
+def uniforms(n: int, generator: torch.Generator | list[torch.Generator] | None) -> Tensor:
+    """[n, 1] draws from U[0, 1): from one stream, or a block of n / k rows from each of k."""
+    if not isinstance(generator, list):
+        return torch.rand(n, 1, generator=generator)
+    if not generator or n % len(generator):
+        raise ValueError(f"{n} rows do not split into {len(generator)} generators' blocks")
+    per = n // len(generator)
+    return torch.cat([torch.rand(per, 1, generator=g) for g in generator])
 
 
 def token_logprobs(logits: Tensor, ids: Tensor, temperature: float) -> Tensor:

@@ -13,15 +13,23 @@ One step, as in the paper's appendix 7:
      (Eq. 15), wall time.
 
 No expert model is loaded: the pooled vectors of the whole split are read from the cache once.
+
+Under ``torchrun`` each rank samples its share of the step's prompts and the ranks exchange
+rewards, lengths, gradients and metrics (``musketeers.distributed``): N ranks make the same
+run as one. Rank 0 alone holds the run folder's lock and writes metrics, logs and checkpoints,
+which carry nothing of a rank, so a run resumes with any number of ranks.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import time
 import warnings
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,12 +37,13 @@ import torch
 
 from musketeers import checkpoint as ckpt
 from musketeers import runfolder
-from musketeers.build import PolicyFactory, build_components, make_optimizer
+from musketeers.build import PolicyFactory, build_components, fetch_policy, make_optimizer
 from musketeers.cache.devices import dtype_name
 from musketeers.cache.errors import UserError
 from musketeers.cache.progress import progress
 from musketeers.config import TrainConfig
 from musketeers.data import SplitData, epoch_rows
+from musketeers.distributed import World
 from musketeers.grpo import grpo_loss, loss_denominator, zero_variance_groups
 from musketeers.rollout import (  # noqa: F401  (NonFiniteError: part of this API)
     FaultHook,
@@ -44,7 +53,7 @@ from musketeers.rollout import (  # noqa: F401  (NonFiniteError: part of this AP
     assign_advantages,
     check_finite,
     kept,
-    no_context_reward,
+    no_context_scores,
     reference_passes,
     sample,
 )
@@ -71,40 +80,48 @@ def _first_bad_grad(policy, adapter) -> str:
 
 
 def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, optimizer,
-               scheduler, generator: torch.Generator, fault: FaultHook | None = None,
-               vector_source: VectorSource | None = None) -> dict[str, Any]:
+               scheduler, fault: FaultHook | None = None,
+               vector_source: VectorSource | None = None,
+               world: World | None = None) -> dict[str, Any]:
     """One GRPO update (μ inner iterations over ``grad_accum`` micro-batches); its metrics.
 
     An update in which no group carries a non-zero advantage is skipped (``skip_no_signal``,
     on by default): its only gradient would be the KL term's, ~1e-6 at C ≈ 0, which AdamW
     rescales into lr-sized steps, and weight decay would shrink φ and θ as well. Both move
     the adapter and its routing with no reward at all, which is drift, not learning.
+
+    ``world``: this rank samples its contiguous share of the update's prompts, in
+    micro-batches of ``prompts_per_micro``; the ranks' gradients are summed before the step.
     """
+    world = world or World()
     t0 = time.perf_counter()
     b = cfg.prompts_per_micro
     rows = epoch_rows(len(data), cfg.seed, step, b * cfg.grad_accum)
+    mine = world.shard(len(rows))
     if adapter is not None:
         adapter.train()
-    rollouts = [sample(cfg, step, policy, adapter, data, rows[i * b:(i + 1) * b], generator,
-                       fault, vector_source) for i in range(cfg.grad_accum)]
-    assign_advantages(cfg, step, rollouts)
+    rollouts = [sample(cfg, step, policy, adapter, data, rows[i:min(i + b, mine.stop)],
+                       list(range(i, min(i + b, mine.stop))), fault, vector_source)
+                for i in range(mine.start, mine.stop, b)]
+    any_kept, signal = assign_advantages(cfg, step, rollouts, world)
     # before the update, so it compares with this step's reward_mean (same weights, prompts)
     without_c = None
     if adapter is not None and cfg.no_context_every and step % cfg.no_context_every == 0:
-        without_c = no_context_reward(cfg, step, policy, data, rows)
-    active = [r for r in rollouts if r.keep.any()]
-    skipped = cfg.skip_no_signal and not any(r.has_signal for r in active)
-    if skipped:
-        active = []
+        scores = world.all_gather(no_context_scores(cfg, step, policy, data, rows[mine],
+                                                    list(range(mine.start, mine.stop))))
+        without_c = float(np.mean([s for part in scores for s in part]))
+    skipped = cfg.skip_no_signal and not signal
+    active = [] if skipped else [r for r in rollouts if r.keep.any()]
     for r in active:
         reference_passes(cfg, policy, r)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     losses, kls, norms = [], [], []
-    # one normaliser for the whole update, so that its micro-batches' losses sum to the loss
-    # of the batch they split (not a mean of per-micro-batch token means)
-    denominator = loss_denominator([len(c) for r in active for c in kept(r, None)[2]],
-                                   cfg.loss_norm, cfg.max_new_tokens)
-    for _ in range(cfg.inner_iters if active else 0):
+    # one normaliser for the whole update (every rank's), so that its micro-batches' losses
+    # sum to the loss of the batch they split (not a mean of per-micro-batch token means)
+    lengths = world.all_gather([len(c) for r in active for c in kept(r, None)[2]])
+    denominator = loss_denominator([n for part in lengths for n in part], cfg.loss_norm,
+                                   cfg.max_new_tokens)
+    for _ in range(cfg.inner_iters if any_kept and not skipped else 0):
         optimizer.zero_grad(set_to_none=True)
         total = 0.0
         for r in active:
@@ -124,7 +141,8 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
             loss.backward()
             total += float(loss.detach())
             kls.append(stats["kl"])
-        losses.append(total)
+        world.sum_grads(params)  # each rank's loss is its share of the update's: a sum
+        losses.append(world.total(total))
         clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(params, clip)
         if fault is not None:
@@ -136,63 +154,80 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
     with warnings.catch_warnings():  # a skipped update still advances the lr schedule
         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
         scheduler.step()
-    row = _metrics(cfg, step, rollouts, data.expert_names, losses, kls, norms, optimizer,
+    parts = _merge(world.all_gather(_step_parts(rollouts, active, kls)))
+    row = _metrics(cfg, step, parts, data.expert_names, losses, norms, optimizer,
                    time.perf_counter() - t0)
     row["update_skipped"] = skipped
-    row["loss_zero_var_frac"] = _loss_zero_var(active)
-    contexts = [r.context for r in rollouts if r.context is not None]
-    if contexts:
-        row.update(context_scale(torch.cat(contexts), policy.embedding_rms))
+    row["loss_zero_var_frac"] = float(np.mean(parts["zero_adv"])) if parts["zero_adv"] else None
+    if parts["context_n"]:
+        row.update(context_scale(parts["context_sq"], parts["context_n"], policy.embedding_rms))
     if without_c is not None:
         row["reward_no_context"] = without_c
     return row
 
 
-def _loss_zero_var(active) -> float | None:
-    """Share of the groups entering the loss whose advantages are all zero: they add tokens
-    to the normaliser and no gradient. None when no group entered (a skipped update)."""
-    zero = [bool((r.adv[b] == 0).all()) for r in active for b in range(len(r.items))
-            if r.keep[b]]
-    return float(np.mean(zero)) if zero else None
+def _step_parts(rollouts, active, kls: list[float]) -> dict[str, Any]:
+    """What this rank's share adds to the step's metrics; ``_merge`` joins the ranks'.
+
+    ``zero_adv``: per group entering the loss, whether its advantages are all zero (it adds
+    tokens to the normaliser and no gradient)."""
+    contexts = [r.context.float() for r in rollouts if r.context is not None]
+    return {
+        "rewards": [r.rewards for r in rollouts],
+        "lengths": [len(c) for r in rollouts for c in r.completions],
+        "ended": [e for r in rollouts for e in r.ended],
+        "answered": [a for r in rollouts for a in r.answered],
+        "attention": [r.attention.cpu() for r in rollouts if r.attention is not None],
+        "zero_adv": [bool((r.adv[b] == 0).all()) for r in active
+                     for b in range(len(r.items)) if r.keep[b]],
+        "kls": kls,
+        "context_sq": sum(float(c.pow(2).sum()) for c in contexts),
+        "context_n": sum(c.numel() for c in contexts),
+    }
 
 
-def context_scale(context: torch.Tensor, embedding_rms: float) -> dict[str, float]:
-    """C's root mean square, alone and against the policy's token embeddings': how loud the
-    experts speak next to the prompt's own tokens (C starts near zero, Eq. 11)."""
-    rms = float(context.float().pow(2).mean().sqrt())
+def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ranks' ``_step_parts`` as one update's, in rank order."""
+    return {k: (sum(p[k] for p in parts) if k.startswith("context_")
+                else [x for p in parts for x in p[k]]) for k in parts[0]}
+
+
+def context_scale(sum_sq: float, n: int, embedding_rms: float) -> dict[str, float]:
+    """C's root mean square (from the sum of its squared entries over ``n`` entries), alone
+    and against the policy's token embeddings': how loud the experts speak next to the
+    prompt's own tokens (C starts near zero, Eq. 11)."""
+    rms = (sum_sq / n) ** 0.5
     return {"context_rms": rms, "context_rms_ratio": rms / embedding_rms}
 
 
-def _metrics(cfg, step, rollouts, names, losses, kls, norms, optimizer, wall) -> dict[str, Any]:
+def _metrics(cfg, step, parts, names, losses, norms, optimizer, wall) -> dict[str, Any]:
     """The metrics.jsonl row. ``reward_mean`` is the mean task score of the sampled
     completions (the reward GRPO maximises), ``exact`` the share scoring 1; ``zero_var_frac``
     (TRL's frac_reward_zero_std), ``truncated_frac`` and ``answered_frac`` say why a reward
     is what it is. ``solved_frac`` is the share of groups whose G samples all scored 1: the
     zero-variance groups that were too easy, so the rest of ``zero_var_frac`` is (nearly all)
     groups too hard for any sample, and the two call for opposite changes of difficulty."""
-    rewards = torch.cat([r.rewards.flatten() for r in rollouts])
-    lengths = [len(c) for r in rollouts for c in r.completions]
-    zero_var = torch.cat([zero_variance_groups(r.rewards) for r in rollouts]).float()
+    groups = torch.cat(parts["rewards"])  # [B, G] over the whole update
+    rewards = groups.flatten()
+    zero_var = zero_variance_groups(groups).float()
     row: dict[str, Any] = {
         "step": step + 1,
         "reward_mean": float(rewards.mean()),
         "reward_std": float(rewards.std(correction=0)),
         "exact": float((rewards >= 1.0).float().mean()),
-        "kl": mean_or_none(kls),
+        "kl": mean_or_none(parts["kls"]),
         "loss": mean_or_none(losses),
         "grad_norm": mean_or_none(norms),
-        "completion_len": float(np.mean(lengths)),
+        "completion_len": float(np.mean(parts["lengths"])),
         "zero_var_frac": float(zero_var.mean()),
-        "solved_frac": float(torch.cat([(r.rewards >= 1.0).all(-1)
-                                        for r in rollouts]).float().mean()),
-        "truncated_frac": float(np.mean([not e for r in rollouts for e in r.ended])),
-        "answered_frac": float(np.mean([a for r in rollouts for a in r.answered])),
+        "solved_frac": float((groups >= 1.0).all(-1).float().mean()),
+        "truncated_frac": float(np.mean([not e for e in parts["ended"]])),
+        "answered_frac": float(np.mean(parts["answered"])),
         "lr": optimizer.param_groups[0]["lr"],
         "time_s": wall,
     }
-    attention = [r.attention for r in rollouts if r.attention is not None]
-    if attention:
-        row.update(batch_routing_stats(torch.cat(attention), names))
+    if parts["attention"]:
+        row.update(batch_routing_stats(torch.cat(parts["attention"]), names))
     return row
 
 
@@ -221,59 +256,128 @@ def train(cfg: TrainConfig, *, resume: bool = False, policy_factory: PolicyFacto
     (tests use it to simulate a kill; ``--resume --steps N`` to stop one invocation early).
     ``vector_source`` replaces the cached vectors (the ``--live-experts`` benchmark path);
     ``cfg.live_experts`` without one is refused. The run folder is locked throughout
-    (musketeers.runfolder), so a second training of it is refused.
+    (musketeers.runfolder), so a second training of it is refused. Under ``torchrun`` every
+    rank calls this with the same config (refused otherwise); rank 0 holds the lock.
     """
     if cfg.live_experts and vector_source is None:
         raise UserError("--live-experts is a benchmark-only path; run it through musketeers.bench")
-    with torch_threads(cfg.threads), runfolder.locked(cfg.run_path()):
-        return _train(cfg, resume, policy_factory, fault, vector_source, stop_after, plot)
+    world = World.from_env(cfg.device)
+    with world.failures(runfolder.resume_command(cfg.run_path())):
+        check_world(cfg, world, resume, stop_after)
+        with torch_threads(cfg.threads), contextlib.ExitStack() as held:
+            # the ranks of one job share rank 0's lock; any other job's rank 0 is refused
+            world.on_rank0(lambda: held.enter_context(runfolder.locked(cfg.run_path())))
+            return _train(cfg, resume, policy_factory, fault, vector_source, stop_after, plot,
+                          world)
+
+
+def check_world(cfg: TrainConfig, world: World, resume: bool, stop_after: int | None) -> None:
+    """Every rank has at least one prompt per update, and runs the same resolved config."""
+    batch = cfg.prompts_per_micro * cfg.grad_accum
+    if world.world > batch:
+        raise UserError(f"{world.world} ranks for an update of {batch} prompts: every rank needs "
+                        f"one; start at most {batch} ranks, or raise --grad-accum")
+    world.check_same("config", {**dataclasses.asdict(cfg), "resume": resume,
+                                "stop_after": stop_after})
+
+
+def _restore(world: World, run, resume: bool, policy, adapter, optimizer, scheduler,
+             generator: torch.Generator) -> int:
+    """Rank 0 picks the checkpoint (setting damaged ones aside) and trims metrics.jsonl; every
+    other rank then loads the same checkpoint."""
+    def pick() -> tuple[int, str | None]:
+        start = runfolder.restore(run, resume, policy.model, adapter, optimizer, scheduler,
+                                  generator)
+        last = ckpt.latest_checkpoint(run) if start else None
+        return start, None if last is None else str(last)
+
+    start, folder = world.on_rank0(pick)
+    if world.rank != 0 and folder is not None:
+        ckpt.load_checkpoint(Path(folder), policy.model, adapter, optimizer, scheduler,
+                             generator)
+    return start
+
+
+class _Quiet:
+    """The progress bar of a rank that does not report."""
+
+    def advance(self, n: int) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _metrics_file(run, lead: bool) -> Iterator[Any]:
+    """metrics.jsonl opened for appending on rank 0; None on the others."""
+    if not lead:
+        yield None
+        return
+    with runfolder.disk_errors(run):
+        out = open(run / "metrics.jsonl", "a")  # noqa: SIM115 - closed below
+    try:
+        yield out
+    finally:
+        out.close()
 
 
 def _train(cfg: TrainConfig, resume: bool, policy_factory: PolicyFactory | None,
            fault: FaultHook | None, vector_source: VectorSource | None,
-           stop_after: int | None, plot: bool) -> dict[str, Any]:
+           stop_after: int | None, plot: bool, world: World) -> dict[str, Any]:
     run = cfg.run_path()
-    metrics_path = run / "metrics.jsonl"
-    fingerprints = runfolder.prepare(cfg, run, resume)
+    lead = world.rank == 0
+    fingerprints = world.on_rank0(lambda: runfolder.prepare(cfg, run, resume))
+    if world.world > 1 and policy_factory is None:
+        world.on_rank0(lambda: fetch_policy(cfg))  # converted once, before every rank loads it
     data, policy, adapter = build_components(cfg, "train", policy_factory=policy_factory)
     optimizer, scheduler = make_optimizer(cfg, policy, adapter)
+    # samples come from per-prompt streams (musketeers.rollout); the checkpoint format still
+    # carries this run-level generator, so checkpoints old and new load alike
     generator = torch.Generator().manual_seed(cfg.seed)
-    start = runfolder.restore(run, resume, policy.model, adapter, optimizer, scheduler, generator)
-    runfolder.begin(cfg, run, fingerprints)
+    start = _restore(world, run, resume, policy, adapter, optimizer, scheduler, generator)
+    if lead:
+        runfolder.begin(cfg, run, fingerprints)
     if start == 0 and warms_up(cfg, adapter):  # a resumed run's φ is its checkpoint's
-        warm = warm_up_adapter(cfg, policy, adapter, data)
-        with runfolder.disk_errors(run):
-            (run / "warmup.jsonl").write_text("".join(json.dumps(r) + "\n" for r in warm))
-    with runfolder.disk_errors(run):  # a full disk is the one-line error, here as elsewhere
-        # the dtype and device as resolved here: config.yaml keeps `auto`, which means
-        # bf16 on one CPU and fp32 on another
-        (run / "inputs.json").write_text(json.dumps(
-            {"rows": len(data), "constant_experts": data.constant_experts(),
-             "dtype": dtype_name(policy.dtype), "device": str(policy.device)}))
-    writer = tensorboard(run)
+        warm = warm_up_adapter(cfg, policy, adapter, data)  # every rank: the same φ
+        if lead:
+            with runfolder.disk_errors(run):
+                (run / "warmup.jsonl").write_text("".join(json.dumps(r) + "\n" for r in warm))
+    if lead:
+        with runfolder.disk_errors(run):  # a full disk is the one-line error, here as elsewhere
+            # the dtype and device as resolved here: config.yaml keeps `auto`, which means
+            # bf16 on one CPU and fp32 on another
+            (run / "inputs.json").write_text(json.dumps(
+                {"rows": len(data), "constant_experts": data.constant_experts(),
+                 "dtype": dtype_name(policy.dtype), "device": str(policy.device),
+                 "ranks": world.world}))
+    writer = tensorboard(run) if lead else None
     end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
-    with runfolder.disk_errors(run):
-        out = open(metrics_path, "a")  # noqa: SIM115 - closed by the with below
-    with progress(f"train {run.name}", total=max(end - start, 0), unit="steps") as bar, out:
+    bar_cm = (progress(f"train {run.name}", total=max(end - start, 0), unit="steps") if lead
+              else contextlib.nullcontext(_Quiet()))
+    with bar_cm as bar, _metrics_file(run, lead) as out:
         for step in range(start, end):
             row = train_step(cfg, step, policy, adapter, data, optimizer, scheduler,
-                             generator, fault=fault, vector_source=vector_source)
-            with runfolder.disk_errors(run):
-                out.write(json.dumps(row) + "\n")
-                out.flush()
-                if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-                    ckpt.save_checkpoint(run, step + 1, policy.model, adapter, optimizer,
-                                         scheduler, generator)
-            if writer is not None:
-                log_tb(writer, row)
+                             fault=fault, vector_source=vector_source, world=world)
+            if lead:
+                with runfolder.disk_errors(run):
+                    out.write(json.dumps(row) + "\n")
+                    out.flush()
+                    if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+                        ckpt.save_checkpoint(run, step + 1, policy.model, adapter, optimizer,
+                                             scheduler, generator)
+                if writer is not None:
+                    log_tb(writer, row)
             log.debug("step %d reward %.3f kl %s", row["step"], row["reward_mean"], row["kl"])
             bar.advance(1)
-    if writer is not None:
-        writer.close()
-    with runfolder.disk_errors(run):
-        summary = summarize(run, cfg.steps)
-        if plot and end == cfg.steps:
-            from musketeers.plots import plot_run
 
-            plot_run(read_metrics(metrics_path), run / "routing.png", title=run.name)
-    return summary
+    def finish() -> dict[str, Any]:
+        if writer is not None:
+            writer.close()
+        with runfolder.disk_errors(run):
+            summary = summarize(run, cfg.steps)
+            if plot and end == cfg.steps:
+                from musketeers.plots import plot_run
+
+                plot_run(read_metrics(run / "metrics.jsonl"), run / "routing.png",
+                         title=run.name)
+        return summary
+
+    return world.on_rank0(finish)

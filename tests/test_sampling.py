@@ -45,3 +45,19 @@ def test_greedy_and_generator_reproducibility():
     assert torch.equal(a, b)
     draws = torch.stack([sample_tokens(logits) for _ in range(20)])
     assert (draws != draws[0]).any()  # the global RNG path does vary
+
+
+def test_per_prompt_streams_do_not_depend_on_the_batch():
+    """With one generator per prompt (a block of G rows), a prompt's draws are the same alone
+    or beside others: how an update is cut into batches or ranks changes no sample."""
+    logits = torch.zeros(6, 1000)  # uniform: the token is the draw itself, at 1/1000 resolution
+
+    def streams(*seeds: int) -> list[torch.Generator]:
+        return [torch.Generator().manual_seed(s) for s in seeds]
+
+    together = sample_tokens(logits, generator=streams(1, 2, 3))  # 3 prompts × G 2
+    alone = sample_tokens(logits[:2], generator=streams(2))
+    assert torch.equal(together[2:4], alone)
+    assert not torch.equal(together[0:2], together[2:4])
+    with pytest.raises(ValueError, match="do not split"):
+        sample_tokens(logits, generator=streams(1, 2, 3, 4))

@@ -143,12 +143,15 @@ def test_nan_stops_and_keeps_last_good_checkpoint(planted_store, tmp_path, where
 
     name = "gradient" if where == "grad_norm" else where
     # the message numbers steps as metrics.jsonl does: rows 1 and 2 are logged, step 3 failed
+    # every update computes its loss, whatever its rewards (a skipped update has none)
     with pytest.raises(NonFiniteError, match=f"^step 3: {name}"):
-        train(small("perceiver", planted_store, run, steps=4, save_every=1), fault=fault)
+        train(small("perceiver", planted_store, run, steps=4, save_every=1,
+                    skip_no_signal=False), fault=fault)
     assert [p.name for p in ckpt.list_checkpoints(run)] == ["step-000001", "step-000002"]
     assert [r["step"] for r in metrics(run)] == [1, 2]
     # the kept checkpoint is usable: resuming finishes the run
-    train(small("perceiver", planted_store, run, steps=4, save_every=1), resume=True)
+    train(small("perceiver", planted_store, run, steps=4, save_every=1, skip_no_signal=False),
+          resume=True)
     assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4]
 
 

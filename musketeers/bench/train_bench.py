@@ -92,7 +92,6 @@ def run_steps(params: dict[str, Any]) -> dict[str, Any]:
     data, policy, adapter = build_components(cfg, "train")
     force_full_length(policy)
     optimizer, scheduler = make_optimizer(cfg, policy, adapter)
-    generator = torch.Generator().manual_seed(cfg.seed)
     source = None
     paired = bool(params.get("paired"))
     if params.get("live") or paired:
@@ -103,7 +102,7 @@ def run_steps(params: dict[str, Any]) -> dict[str, Any]:
         live = source is not None and (not paired or step % 2 == 1)
         before = source.seconds if live else 0.0
         t0 = time.perf_counter()
-        row = train_step(cfg, step, policy, adapter, data, optimizer, scheduler, generator,
+        row = train_step(cfg, step, policy, adapter, data, optimizer, scheduler,
                          vector_source=source if live else None)
         times.append(time.perf_counter() - t0)
         lens.append(row["completion_len"])
