@@ -36,7 +36,7 @@ from musketeers.cache.progress import progress
 from musketeers.config import read_run_config
 from musketeers.distributed import World
 from musketeers.rollout import adapter_context, policy_score
-from musketeers.runlog import eval_files
+from musketeers.runlog import by_source, eval_files
 from musketeers.tasks import extract_answer
 
 
@@ -116,15 +116,6 @@ def _evaluate(cfg, run_dir: Path, world: World, again: str, *, limit: int | None
     }
     write_eval(run_dir, result, samples, no_context, again)
     return world.broadcast(result)
-
-
-def by_source(samples: list[dict[str, Any]]) -> dict[str, dict[str, float | int]]:
-    """{source dataset: {items, exact, score}} of scored samples, sources in sorted order."""
-    groups: dict[str, list[float]] = {}
-    for s in samples:
-        groups.setdefault(str(s["source"]), []).append(s["score"])
-    return {src: {"items": len(v), "exact": sum(x >= 1.0 for x in v) / len(v),
-                  "score": sum(v) / len(v)} for src, v in sorted(groups.items())}
 
 
 def write_eval(run_dir: Path, result: dict[str, Any], samples: list[dict[str, Any]],

@@ -24,6 +24,16 @@ def eval_files(context: bool = True) -> tuple[str, str]:
     return f"{name}.json", f"{name}_samples.jsonl"
 
 
+def by_source(samples: list[dict[str, Any]]) -> dict[str, dict[str, float | int]]:
+    """{source dataset: {items, exact, score}} of graded samples, sources in sorted order: a
+    mix's total hides which of its datasets a method gained on (eval.json's ``by_source``)."""
+    groups: dict[str, list[float]] = {}
+    for s in samples:
+        groups.setdefault(str(s["source"]), []).append(s["score"])
+    return {src: {"items": len(v), "exact": sum(x >= 1.0 for x in v) / len(v),
+                  "score": sum(v) / len(v)} for src, v in sorted(groups.items())}
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """metrics.jsonl rows; a line that is no row (torn by a kill mid-write, an edit, stray
     bytes) is ignored: the rows around it are still the run's."""

@@ -31,7 +31,7 @@ def test_paired_difference_and_its_standard_error(tmp_path: Path):
     assert p.a == pytest.approx(50.0) and p.b == pytest.approx(25.0)
     assert p.diff == pytest.approx(25.0) and p.se == pytest.approx(25.0)
     claim = _paired_claim("arithmetic", [run], [])
-    assert "**no control run: not evidence**" in claim and "within 2 SE (50.00)" in claim
+    assert "**no control run: not evidence**" in claim and "≤ 2 SE = 50.00" in claim
     # the control's C helps nowhere: the with/without verdict stands (here: noise)
     flat = _run(tmp_path, "k", {"a": 1, "b": 0, "c": 0, "d": 0}, {"a": 1, "b": 0, "c": 0, "d": 0})
     assert "**holds here, but within noise**" in _paired_claim("arithmetic", [run], [flat])
@@ -91,7 +91,7 @@ def test_cells_pair_run_with_run_on_the_same_seed(tmp_path: Path):
     assert (p.n, p.runs) == (1200, 3) and p.diff == pytest.approx(5.0)
     assert p.seed_se == pytest.approx(0.0, abs=1e-9) and p.noise == p.se
     noise, why = within_noise(a, b)
-    assert not noise and "exceeds 2 SE (1.26)" in why  # SE sqrt(.05 · .95 / 1200)
+    assert not noise and "> 2 SE = 1.26" in why  # SE sqrt(.05 · .95 / 1200)
     # the untrained policy: one run, paired with every seed
     untrained = agg.Cell([_cell_run(tmp_path, "untrained", 0, base)])
     assert paired_cells(a, untrained).n == 1200
@@ -105,7 +105,7 @@ def test_cells_pair_run_with_run_on_the_same_seed(tmp_path: Path):
         (r.path / "eval_samples.jsonl").unlink()
     assert paired_cells(a, b) is None
     bound = 2 * (a.item_se**2 + b.item_se**2) ** 0.5
-    assert f"2 SE ({bound:.2f})" in within_noise(a, b)[1] and bound > 3
+    assert f"2 SE = {bound:.2f}" in within_noise(a, b)[1] and bound > 3
 
 
 def test_a_one_seed_verdict_says_its_se_leaves_out_the_training_seeds(tmp_path: Path):
@@ -116,10 +116,10 @@ def test_a_one_seed_verdict_says_its_se_leaves_out_the_training_seeds(tmp_path: 
     a = agg.Cell([_cell_run(tmp_path, "ours", 0, lift)])
     b = agg.Cell([_cell_run(tmp_path, "base", 0, base)])
     noise, why = within_noise(a, b)
-    assert not noise and why.startswith("the difference, 5.00 points, exceeds 2 SE (2.18) of "
-                                        "400 item pairs of one seed")
-    assert "one seed has no spread over training seeds" in why
+    assert not noise and why.startswith("Δ 5.00 points > 2 SE = 2.18 (400 item pairs, "
+                                        "one seed")
+    assert "one seed: the items' noise only" in why
     # on two seeds the clause names the seeds' SE instead
     two_a = agg.Cell([*a.runs, _cell_run(tmp_path, "ours1", 1, lift)])
     two_b = agg.Cell([*b.runs, _cell_run(tmp_path, "base1", 1, base)])
-    assert "800 item pairs, 2 seeds (SE of their differences 0.00)" in within_noise(two_a, two_b)[1]
+    assert "800 item pairs over 2 seeds; seed SE 0.00" in within_noise(two_a, two_b)[1]

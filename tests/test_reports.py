@@ -26,9 +26,11 @@ from musketeers.reports import series
 from musketeers.reports.claim_registry import paper_claims
 from musketeers.reports.claims import compare
 from musketeers.reports.report import write_report
-from musketeers.reports.tables import TABLE1, TABLE2, TASK_TITLES, table1_markdown
+from musketeers.reports.tables import TABLE1, TABLE2, TASKS, table1_markdown
 from musketeers.reports.verdicts import two_se_clause, within_noise
+from musketeers.tasks.variants import task_title
 
+TASK_TITLES = {t: task_title(t) for t in TASKS}  # the paper's columns, titled by their task
 IDENTITY = lambda fields: fields  # noqa: E731 - the fakes take the fields dict as config
 
 
@@ -141,14 +143,14 @@ def test_verdicts_say_when_a_difference_is_within_evaluation_noise(tmp_path: Pat
     assert ours.items == 64 and ours.item_se == pytest.approx(2.1748, abs=1e-3)
     assert base.item_se == 0.0
     noise, why = within_noise(ours, base)
-    assert noise and "3.12 points, is within 2 SE (4.35)" in why
+    assert noise and "Δ 3.12 points ≤ 2 SE = 4.35" in why
     claim = _arith_claim(paper_claims(small, 8))
     assert "**holds here, but within noise**" in claim
     # the same 3.12 points on 1,000 items each: SE = 0.55, 2 SE = 1.10, a finding
     big = _arith_claim(paper_claims(agg.load_runs(tmp_path / "large"), 8))
-    assert "**holds here**" in big and "exceeds 2 SE (1.10)" in big
+    assert "**holds here**" in big and "> 2 SE = 1.10" in big
     # a tie is no finding either way, whatever its SE (here 0: both cells scored 0)
-    assert within_noise(base, base) == (True, "no difference at all, over 64 and 64 graded items")
+    assert within_noise(base, base) == (True, "no difference (64 and 64 graded items)")
     # a run that does not say how many items it graded gives no noise estimate
     assert agg.Cell([agg.Run("x", tmp_path, {}, "done", eval={"exact": 0.5})]).item_se is None
 
@@ -740,7 +742,7 @@ def test_the_accuracy_claim_for_ours_must_clear_its_shuffled_experts_control(tmp
     behind = _accuracy_claim(tmp_path / "behind", 0.31, 0.3, 0.6)
     assert "**within noise of Single, and behind its control beyond noise**" in behind
     clear = _accuracy_claim(tmp_path / "clear", 0.6, 0.3, 0.3)
-    assert "**holds here**" in clear and "exceeds 2 SE" in clear
+    assert "**holds here**" in clear and "> 2 SE" in clear
     # no control run, or only on another seed: not evidence, never a silent pass
     for name, seed in (("none", None), ("other-seed", 1)):
         claim = _accuracy_claim(tmp_path / name, 0.6, 0.3, None if seed is None else 0.3,
@@ -764,10 +766,10 @@ def _routing_claims(root: Path, ours: list[tuple], control: list[tuple],
 
 
 def test_a_difference_of_thousandths_prints_the_digits_that_separate_it_from_its_2_se():
-    # at three decimals both would read 0.001, and "0.001 exceeds 2 SE (0.001)" says nothing
+    # at three decimals both would read 0.001, and "0.001 > 2 SE = 0.001" says nothing
     noise, why = two_se_clause(0.0012, 0.0003, 0.0004, "", "2 seeds")
-    assert not noise and why == "the difference, 0.00090, exceeds 2 SE (0.00080) of 2 seeds"
-    assert two_se_clause(0.5, 0.3, 0.2, "", "2 seeds")[1].startswith("the difference, 0.200,")
+    assert not noise and why == "Δ 0.00090 > 2 SE = 0.00080 (2 seeds)"
+    assert two_se_clause(0.5, 0.3, 0.2, "", "2 seeds")[1].startswith("Δ 0.200 ≤")
 
 
 def test_routing_verdicts_are_stated_against_the_shuffled_reward_control(tmp_path: Path):
@@ -778,7 +780,7 @@ def test_routing_verdicts_are_stated_against_the_shuffled_reward_control(tmp_pat
     assert ("H at the start minus H at the end: +0.5500 nats in Ours, +0.5500 under shuffled "
             "reward (seeds 0, 1)") in same["entropy falls"]
     flat = _routing_claims(tmp_path / "flat", falls, [(1.0, 1.0, 1.0), (1.0, 0.99, 0.98)])
-    assert "**holds here**" in flat["entropy falls"] and "exceeds 2 SE" in flat["entropy falls"]
+    assert "**holds here**" in flat["entropy falls"] and "> 2 SE" in flat["entropy falls"]
     # one seed: no SE, no verdict
     one = _routing_claims(tmp_path / "one", falls[:1], [(1.0, 0.95, 0.9)])
     for claim in one.values():
@@ -956,14 +958,14 @@ def test_a_one_seed_cell_is_weighed_against_the_seed_spread_ours_and_its_control
 
     claim = figure6()
     assert "**does NOT hold here, but within noise**" in claim
-    assert ("the difference, 5.00 points, is within 2 SE (10.00) of one seed: SE the seed "
-            "spread of Ours against shuffled experts on Arithmetic over 3 seeds (sd of their "
-            "per-seed differences 5.00), larger than the items' paired SE 1.09") in claim
+    assert ("Δ 5.00 points ≤ 2 SE = 10.00 (one seed; SE from the seed spread of Ours "
+            "against shuffled experts on Arithmetic over 3 seeds, sd 5.00 > item SE 1.09)"
+            ) in claim
     # without the control's seeds no spread is measured: the items' noise alone calls it
     for seed in range(3):
         shutil.rmtree(tmp_path / f"ctl{seed}")
     claim = figure6()
-    assert "**does NOT hold here**" in claim and "exceeds 2 SE (2.18)" in claim
+    assert "**does NOT hold here**" in claim and "> 2 SE = 2.18" in claim
     assert "the items' noise only" in claim
 
 
@@ -1040,6 +1042,53 @@ def test_a_variant_fills_its_family_column_and_the_table_names_it(tmp_path: Path
     assert header.count("(ours)") == len(TASK_TITLES)  # no column of the variant's own
     assert "| Single | — | 51.56 ± 0.55 | 33.00 (1 seed) |" in text
     assert "Arithmetic = `arithmetic:easy@direct`" in text
+
+
+def test_a_new_task_fills_tables_and_claims_under_its_own_title(tmp_path: Path):
+    """rg:NAME and a task file of one's own need no code edit: their own column and claims,
+    titled by the task (the file's ``title``, the dataset's name), and no paper number."""
+    mix = tmp_path / "mix.yaml"
+    mix.write_text("name: mix\ntitle: Number theory\ndatasets:\n  - {name: gcd}\n")
+    runs = tmp_path / "runs"
+    for task in ("rg:lcm@direct", f"{mix}:@direct".replace(":@", "@")):
+        for seed, (ours, single) in enumerate(((0.6, 0.4), (0.7, 0.5))):
+            tag = f"{'mix' if 'yaml' in task else 'lcm'}-{seed}"
+            write_run(runs, f"o-{tag}", ours, seed=seed, **{**KEY, "task": task})
+            write_run(runs, f"s-{tag}", single, seed=seed, **{**KEY, "task": task,
+                                                            "method": "single"})
+    loaded = agg.load_runs(runs)
+    assert {r.key["task"] for r in loaded} == {"rg:lcm", str(mix)}
+    text = table1_markdown(loaded)
+    header = next(line for line in text.splitlines() if line.startswith("| Method"))
+    assert "| lcm (ours) | lcm (paper) |" in header and "Number theory (ours)" in header
+    single = next(line for line in text.splitlines() if line.startswith("| Single |"))
+    assert single.endswith("| 45.00 ± 7.07 | n/r | 45.00 ± 7.07 | n/r |"), single
+    claims = paper_claims(loaded, 8)
+    for title in ("lcm", "Number theory"):
+        assert any(c.startswith(f"- §4.2: on {title}, Ours (Default Team) beats Single")
+                   for c in claims), title
+    mix.unlink()  # rebuilt where the file is absent: the column keeps the file's stem
+    assert "| mix (ours) |" in table1_markdown(agg.load_runs(runs))
+
+
+def test_exact_is_broken_down_by_source_dataset_from_eval_json_or_the_kept_samples(
+        tmp_path: Path):
+    from musketeers.reports.by_source import by_source_markdown
+
+    for seed, (a, b) in enumerate(((1.0, 0.5), (0.5, 0.0))):
+        d = write_run(tmp_path, f"s{seed}", 0.5, seed=seed, **{**KEY, "method": "single"})
+        ev = json.loads((d / "eval.json").read_text())
+        if seed == 0:  # a newer evaluation writes by_source itself
+            ev["by_source"] = {"gcd": {"items": 2, "exact": a, "score": a},
+                               "lcm": {"items": 2, "exact": b, "score": b}}
+        else:  # an older one: counted from its graded completions
+            rows = [{"source": "gcd", "score": 1.0}, {"source": "gcd", "score": 0.0},
+                    {"source": "lcm", "score": 0.3}, {"source": "lcm", "score": 0.0}]
+            (d / "eval_samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (d / "eval.json").write_text(json.dumps(ev))
+    lines = by_source_markdown(agg.load_runs(tmp_path))
+    assert "| Method | gcd | lcm |" in lines
+    assert "| Single | 75.0 (n=2) | 25.0 (n=2) |" in lines, lines  # lcm's 0.3 is no exact
 
 
 def test_figure5_training_reward_claim_is_no_evidence_without_a_control(tmp_path: Path):

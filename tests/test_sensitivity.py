@@ -173,7 +173,7 @@ def test_the_verdict_table_finds_cells_by_key_and_names_the_positive_control(tmp
     names = [r.comparison.name for r in rows]
     assert names == ["oracle > Single", "oracle > its shuffled experts"]
     assert all(r.test.diff > 20 and r.verdict.startswith("ahead, significant") for r in rows)
-    table = "\n".join(verdict_markdown(rows, {"arithmetic": "Arithmetic"}))
+    table = "\n".join(verdict_markdown(rows))
     assert "oracle > Single (positive control) | Arithmetic | 81.00 | 56.00 | +25.00" in table
     assert {c.name for c in COMPARISONS} >= {"oracle > Single", "Ours > shuffled experts"}
 

@@ -97,7 +97,7 @@ BAD = {
     "no datasets": ("name: x", "no datasets list"),
     "not YAML": ("datasets: [{name: chain_sum", "is not YAML"),
     "not a mapping": ("- chain_sum\n- products", "must be a YAML mapping"),
-    "an unknown key": ("dataset: [chain_sum]", "unknown key 'dataset'; valid: name, prompt"),
+    "an unknown key": ("dataset: [chain_sum]", "unknown key 'dataset'; valid: name, title, prompt"),
     "a bad value": ("datasets: [{name: chain_sum, config: {min_terms: 0}}]",
                     "chain_sum's config is invalid"),
     "a twice-listed dataset": ("datasets: [chain_sum, chain_sum]", "'chain_sum' is listed twice"),

@@ -19,9 +19,8 @@ from musketeers.reports.tables import (
     DEFAULT_TEAM,
     EXACT_CONTROL,
     TABLE2_KEY,
-    TASK_TITLES,
-    TASKS,
     table2_cell,
+    tasks_of,
 )
 from musketeers.reports.verdicts import (
     NO_CONTROL,
@@ -30,6 +29,7 @@ from musketeers.reports.verdicts import (
     two_se_clause,
     within_noise,
 )
+from musketeers.tasks.variants import task_title
 
 FIGURE6_TASK = experiment.PARTS["figure6"].values("task")[0]
 
@@ -49,7 +49,7 @@ def context_claims(runs: list[Run], latents: int) -> list[str]:
     Figure 5's): reward with C against without, then the held-out claim (``_paired_claim``)."""
     key = dict(pooling=DEFAULT_POOLING, latents=latents)
     out = []
-    sampled = [t for t in TASKS if any(_sampled_steps(r) for r in select(
+    sampled = [t for t in tasks_of(runs) if any(_sampled_steps(r) for r in select(
         runs, task=t, **key, **DEFAULT_TEAM))]
     for task in sampled or experiment.PARTS["figure5"].values("task"):
         rs = [r for r in select(runs, task=task, **key, **DEFAULT_TEAM) if r.status == "done"]
@@ -70,7 +70,7 @@ def context_claims(runs: list[Run], latents: int) -> list[str]:
         # settings), so this one is uncontrolled; the held-out claim after it is not
         if ok:
             detail += "; no control run samples without C: the held-out claim below has one"
-        out.append(claim_line(f"§4.4 / Figure 5: on {TASK_TITLES[task]}, reward with C exceeds "
+        out.append(claim_line(f"§4.4 / Figure 5: on {task_title(task)}, reward with C exceeds "
                               "reward without C (mean over the steps sampled both ways)",
                               a > b if ok else None, detail, noise,
                               NO_CONTROL if ok and a > b else None))
@@ -87,7 +87,7 @@ def _paired_claim(task: str, runs: list[Run], control: list[Run]) -> str:
     shuffled-experts control on the same seeds: a policy trained beside m context positions
     can lose accuracy without them whatever they hold, so only a gain beyond the control's
     says that C carries the experts' information about the item."""
-    text = (f"§4.4 / Figure 5: on {TASK_TITLES[task]}, C raises greedy exact on validation "
+    text = (f"§4.4 / Figure 5: on {task_title(task)}, C raises greedy exact on validation "
             "items (same checkpoints and items with and without C, paired), beyond C's gain "
             "in the shuffled-experts control")
     p = paired_context(runs)

@@ -24,7 +24,8 @@ from musketeers import methods
 from musketeers.methods import ignored
 from musketeers.routing import spearman
 from musketeers.runfolder import is_finished
-from musketeers.runlog import eval_files, mean_or_none, read_metrics
+from musketeers.runlog import by_source, eval_files, mean_or_none, read_metrics
+from musketeers.tasks.variants import task_family
 
 GROUP_FIELDS = ("task", "method", "team", "pooling", "latents")
 METRICS = ("exact", "score")
@@ -109,6 +110,20 @@ class Run:
         except (OSError, ValueError, UnicodeDecodeError, AttributeError):
             return None
 
+    def by_source(self) -> dict[str, dict[str, float | int]] | None:
+        """Validation exact and score per source dataset: eval.json's ``by_source``, or counted
+        from the kept completions (evaluations before it was written); None: neither."""
+        if self.eval is None:
+            return None
+        if "by_source" in self.eval:
+            return self.eval["by_source"]
+        try:
+            text = (self.path / eval_files(True)[1]).read_text("utf-8")
+            rows = [json.loads(line) for line in text.splitlines()]
+            return by_source(rows) if rows else None
+        except (OSError, ValueError, UnicodeDecodeError, KeyError, TypeError):
+            return None
+
     @property
     def wall_time(self) -> float:
         """Training seconds: the sum of the per-step times."""
@@ -178,7 +193,7 @@ def group_key(config: dict[str, Any]) -> dict[str, Any]:
     (``arithmetic:easy@direct``) fills its base task's column; ``Cell.variants`` names it."""
     key = {k: config.get(k) for k in GROUP_FIELDS}
     if isinstance(key["task"], str):
-        key["task"] = key["task"].partition("@")[0].partition(":")[0]
+        key["task"] = task_family(key["task"])
     for k in ignored(key["method"]):
         if k in key:
             key[k] = None

@@ -25,7 +25,7 @@ from musketeers.reports.tables import (
     DEFAULT_TEAM,
     EXACT_CONTROL,
     ROUTING_CONTROL,
-    TASKS,
+    tasks_of,
 )
 
 
@@ -50,13 +50,13 @@ class Claim:
 
 def _per_task(one: Callable[[list[Run], str, int], str | None]) -> Callable[[Scope], list[str]]:
     """A claim tested on every family it applies to (``one`` returns None where it does not)."""
-    return lambda s: [c for t in TASKS if (c := one(s.runs, t, s.latents)) is not None]
+    return lambda s: [c for t in tasks_of(s.runs) if (c := one(s.runs, t, s.latents)) is not None]
 
 
 def _routing(s: Scope) -> list[str]:
     """§4.3 on every family where Ours ran (Arithmetic's, the paper's, when none did)."""
     key = dict(pooling=DEFAULT_POOLING, latents=s.latents, **DEFAULT_TEAM)
-    tasks = [t for t in TASKS if select(s.runs, task=t, **key)] or ["arithmetic"]
+    tasks = [t for t in tasks_of(s.runs) if select(s.runs, task=t, **key)] or ["arithmetic"]
     return [line for t in tasks for line in routing_claims(s.runs, t, s.latents)]
 
 

@@ -16,11 +16,10 @@ from musketeers.reports.tables import (
     DEFAULT_LATENTS,
     DEFAULT_POOLING,
     DEFAULT_TEAM,
-    TASK_TITLES,
-    TASKS,
     paper_text,
     table1_cells,
     table2_cells,
+    tasks_of,
 )
 from musketeers.reports.verdicts import (
     NO_CONTROL,
@@ -29,6 +28,7 @@ from musketeers.reports.verdicts import (
     versus,
     within_noise,
 )
+from musketeers.tasks.variants import task_title
 
 
 def routed(run: Run) -> bool:
@@ -90,7 +90,7 @@ def learns_claim(runs: list[Run], task: str, latents: int = DEFAULT_LATENTS) -> 
     single = cell(runs, task=task, method="single")
     if not single.graded:
         return None
-    text = f"the regime: on {TASK_TITLES[task]}, training raises Single's exact above the " \
+    text = f"the regime: on {task_title(task)}, training raises Single's exact above the " \
            "untrained policy's"
     base = cell(runs, task=task, method="untrained")
     if not base.values:
@@ -130,7 +130,7 @@ def reward_claim(runs: list[Run], task: str, latents: int) -> str | None:
     ours = cell(runs, **key, **DEFAULT_TEAM)
     if not ours.graded:
         return None
-    text = (f"the reward: on {TASK_TITLES[task]}, Ours (Default Team) beats its "
+    text = (f"the reward: on {task_title(task)}, Ours (Default Team) beats its "
             "shuffled-reward control (as many updates, rewards permuted within each batch)")
     rival = versus(ours, reward_control(runs, task, latents), "shuffled reward")
     if rival is None:
@@ -149,12 +149,12 @@ def ours_beats_single_claims(runs: list[Run], latents: int) -> list[str]:
     key = dict(pooling=DEFAULT_POOLING, latents=latents)
     single = methods.get("single").label
     return [beats_claim(
-        f"§4.2: on {TASK_TITLES[task]}, Ours (Default Team) beats Single"
+        f"§4.2: on {task_title(task)}, Ours (Default Team) beats Single"
         + ("" if task == "arithmetic" else " (the paper: on Arithmetic)"),
         cell(runs, task=task, **key, **DEFAULT_TEAM),
         cell(runs, task=task, method="single", **key), single,
         exact_control(runs, task, latents))
-        for task in [t for t in TASKS
+        for task in [t for t in tasks_of(runs)
                      if t == "arithmetic" or select(runs, task=t, **key, **DEFAULT_TEAM)]]
 
 
@@ -182,7 +182,7 @@ def logic_best_claim(runs: list[Run], latents: int, families: set[str] | None = 
         return [claim_line(text, best == single, detail, noise)]
     if families is not None and "logic" not in families:
         return [claim_line(text, None, "this grid runs "
-                           + ", ".join(TASK_TITLES.get(f, f) for f in sorted(families)),
+                           + ", ".join(task_title(f) for f in sorted(families)),
                            verdict="not in this grid")]
     return [claim_line(text, None, "")]
 
@@ -204,15 +204,16 @@ def baseline_claims(runs: list[Run], latents: int) -> list[str]:
     ours_row, ours = next((row, cells) for row, cells in table if row.key == DEFAULT_TEAM)
     baselines = [(row, cells) for row, cells in table if row.key["method"] in BASELINES]
     # each family's control and seed spread once: every baseline of it is read against them
-    ran = [t for t in TASKS if any(cells[t].values for _, cells in baselines)]
+    ran = [t for t in tasks_of(runs) if any(cells[t].values for _, cells in baselines)]
     control = {t: exact_control(runs, t, latents) for t in ran}
     spread = {t: seed_spread(runs, t, latents) for t in ran}
     for row, cells in baselines:
-        for task in [t for t in TASKS if cells[t].values]:
+        for task in [t for t in tasks_of(runs) if cells[t].values]:
+            has = ours_row.paper and row.paper and task in ours_row.paper and task in row.paper
             paper = (f" (paper: {ours_row.paper[task][0]:.2f} vs {row.paper[task][0]:.2f})"
-                     if ours_row.paper and row.paper else "")
+                     if has else "")
             out.append(beats_claim(
-                f"Table 1: on {TASK_TITLES[task]}, Ours (Default Team) beats {row.label}{paper}",
+                f"Table 1: on {task_title(task)}, Ours (Default Team) beats {row.label}{paper}",
                 ours[task], cells[task], row.label, control[task], spread[task]))
     return out
 
@@ -222,11 +223,11 @@ def cell_comparisons(runs: list[Run], latents: int) -> list[str]:
     (a list of 40 bullets reads worse than 40 rows)."""
     rows = []
     for row, cells in table1_cells(runs, latents):
-        for task in TASKS:
-            paper = row.paper[task] if row.paper else None
+        for task in tasks_of(runs):
+            paper = row.paper.get(task) if row.paper else None
             verdict = compare(cells[task], paper)
             if verdict:
-                rows.append(f"| Table 1 | {row.label} | {TASK_TITLES[task]} | "
+                rows.append(f"| Table 1 | {row.label} | {task_title(task)} | "
                             f"{cells[task].text()} | {paper_text(paper)} | {verdict} |")
     for label, c, paper in table2_cells(runs, latents):
         verdict = compare(c, paper)

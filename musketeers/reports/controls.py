@@ -14,9 +14,9 @@ from musketeers.reports.tables import (
     DEFAULT_TEAM,
     EXACT_CONTROL,
     ROUTING_CONTROL,
-    TASK_TITLES,
 )
 from musketeers.reports.verdicts import SeedSpread
+from musketeers.tasks.variants import task_title
 
 
 def reward_control(runs: list[Run], task: str, latents: int) -> Cell:
@@ -43,4 +43,4 @@ def seed_spread(runs: list[Run], task: str, latents: int = DEFAULT_LATENTS
     if p is None or p.seed_se is None:
         return None
     return SeedSpread(p.seed_se * math.sqrt(p.runs),
-                      f"Ours against shuffled experts on {TASK_TITLES[task]} over {p.runs} seeds")
+                      f"Ours against shuffled experts on {task_title(task)} over {p.runs} seeds")

@@ -26,9 +26,9 @@ from musketeers.reports.series import experts_of, series  # noqa: E402
 from musketeers.reports.tables import (  # noqa: E402
     DEFAULT_POOLING,
     OURS,
-    TASK_TITLES,
-    TASKS,
+    tasks_of,
 )
+from musketeers.tasks.variants import task_title
 
 TEAM_TITLES = {"default": "Default Team", "naive": "Naive Team", "llm": "LLM Team",
                "generalist": "Generalist Team"}
@@ -92,7 +92,7 @@ def figure4(runs: list[Run], out_dir: Path, latents: int = 8) -> list[Path]:
     """Figure 4, one PNG per task: rows utilisation / entropy / reward, columns teams."""
     colours = expert_colours(runs)
     written = []
-    for task in TASKS:
+    for task in tasks_of(runs):
         teams = [t for t in FIG4_TEAMS if _fig4_runs(runs, task, t, latents)]
         if not teams:
             continue
@@ -133,7 +133,7 @@ def figure4(runs: list[Run], out_dir: Path, latents: int = 8) -> list[Path]:
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         # One team column is narrower than the one-line title: break it after the task name.
         sep = " " if len(teams) > 1 else "\n"
-        fig.suptitle(f"Figure 4 — {TASK_TITLES[task]}:{sep}"
+        fig.suptitle(f"Figure 4 — {task_title(task)}:{sep}"
                      "expert utilisation, routing entropy and reward over training\n"
                      "(line: mean over seeds; band: ± sample std)")
         written.append(_save(fig, out_dir / f"figure4_{task}.png"))
@@ -143,7 +143,7 @@ def figure4(runs: list[Run], out_dir: Path, latents: int = 8) -> list[Path]:
 def figure5(runs: list[Run], out_dir: Path, latents: int = 8) -> Path | None:
     """Figure 5: training reward of π(y|[x‖C]) vs. π(y|x), default team, per task."""
     per_task = {}
-    for task in TASKS:
+    for task in tasks_of(runs):
         rs = [r for r in _fig4_runs(runs, task, "default", latents)
               if any(m.get("reward_no_context") is not None for m in r.metrics)]
         if rs:
@@ -157,7 +157,7 @@ def figure5(runs: list[Run], out_dir: Path, latents: int = 8) -> Path | None:
         _band(ax, rs, ("reward_mean",), "with C: π(y | [x ‖ C])", "tab:blue", window)
         _band(ax, rs, ("reward_no_context",), "without C: π(y | x)", "tab:orange", window,
               linestyle="--")
-        ax.set_title(f"{TASK_TITLES[task]} ({len(rs)} seed{'s' * (len(rs) > 1)})")
+        ax.set_title(f"{task_title(task)} ({len(rs)} seed{'s' * (len(rs) > 1)})")
         ax.set_xlabel(f"training step (GRPO update){_smooth_note(window)}")
         ax.set_ylabel("mean reward (0–1)")
         ax.set_ylim(-0.02, 1.02)
@@ -173,7 +173,7 @@ def figure5(runs: list[Run], out_dir: Path, latents: int = 8) -> Path | None:
 def _figure5_eval(runs: list[Run], out_dir: Path, latents: int) -> Path | None:
     """Figure 5 without per-step no-C rewards: final validation exact with vs. without C."""
     rows = []
-    for task in TASKS:
+    for task in tasks_of(runs):
         rs = [r for r in _fig4_runs(runs, task, "default", latents)
               if r.exact is not None and r.value("exact", no_context=True) is not None]
         if rs:
@@ -194,7 +194,7 @@ def _figure5_eval(runs: list[Run], out_dir: Path, latents: int) -> Path | None:
         bars = ax.bar(x + offset, means, 0.4, yerr=errs, capsize=3, label=label, color=colour)
         ax.bar_label(bars, fmt="%.1f", padding=2, fontsize=8)  # a 0 % bar is otherwise blank
         top = max([top] + [m + e for m, e in zip(means, errs, strict=True)])
-    ax.set_xticks(x, [f"{TASK_TITLES[t]}\n({len(w)} seed{'s' * (len(w) > 1)})"
+    ax.set_xticks(x, [f"{task_title(t)}\n({len(w)} seed{'s' * (len(w) > 1)})"
                       for t, w, _ in rows])
     ax.set_ylim(0, max(10.0, 1.2 * top))
     ax.set_ylabel("exact (%)")
@@ -209,7 +209,7 @@ def figure6(runs: list[Run], out_dir: Path) -> Path | None:
     """Figure 6: validation exact vs. number of latent queries m (default team)."""
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     plotted, top = False, 0.0
-    for i, task in enumerate(TASKS):
+    for i, task in enumerate(tasks_of(runs)):
         xs, ys, es, ns, dots = [], [], [], [], []
         for m in LATENTS:
             acc = [r.exact for r in select(runs, task=task, method=OURS, team="default",
@@ -231,9 +231,9 @@ def figure6(runs: list[Run], out_dir: Path) -> Path | None:
         ax.scatter(*zip(*dots, strict=True), s=14, facecolors="none", alpha=0.7,
                    edgecolors=color, zorder=3)
         ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, color=color,
-                    label=f"{TASK_TITLES[task]} ({min(ns)}–{max(ns)} seeds)"
+                    label=f"{task_title(task)} ({min(ns)}–{max(ns)} seeds)"
                     if min(ns) != max(ns) else
-                    f"{TASK_TITLES[task]} ({ns[0]} seed{'s' * (ns[0] > 1)})")
+                    f"{task_title(task)} ({ns[0]} seed{'s' * (ns[0] > 1)})")
         top = max([top] + [y + e for y, e in zip(ys, es, strict=True)])
     if not plotted:
         plt.close(fig)

@@ -46,10 +46,9 @@ class Paired:
         """How the SE was found, for a verdict's clause. On one seed it says what the SE
         leaves out: a second training seed can move a cell by more than its items' noise."""
         if self.seed_se is None:
-            return (f"{self.n} item pairs of one seed, paired SE {self.se:.2f} (the items' noise "
-                    "only: one seed has no spread over training seeds)")
-        return (f"{self.n} item pairs, {self.runs} seeds (SE of their differences "
-                f"{self.seed_se:.2f}), paired SE {self.se:.2f}")
+            return f"{self.n} item pairs, one seed: the items' noise only"
+        return (f"{self.n} item pairs over {self.runs} seeds; seed SE {self.seed_se:.2f}, "
+                f"item SE {self.se:.2f}")
 
 
 def by_item(path: Path, metric: str) -> dict[str, float]:

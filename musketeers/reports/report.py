@@ -14,6 +14,7 @@ import numpy as np
 from musketeers.gridspec import Grid
 from musketeers.methods import ignored
 from musketeers.reports.aggregate import METRICS, Run, group_key, load_runs
+from musketeers.reports.by_source import by_source_markdown
 from musketeers.reports.claim_registry import paper_claims
 from musketeers.reports.claims import cell_comparisons, routed
 from musketeers.reports.figures import all_figures
@@ -23,12 +24,12 @@ from musketeers.reports.tables import (
     DEFAULT_LATENTS,
     METRIC_TEXT,
     PAPER_METRIC,
-    TASK_TITLES,
-    TASKS,
     table1_markdown,
     table2_markdown,
+    tasks_of,
 )
 from musketeers.reports.verdict_table import verdict_markdown, verdict_rows
+from musketeers.tasks.variants import task_title
 
 
 def machine() -> str:
@@ -308,13 +309,14 @@ def write_report(grid: Grid, runs_dir: Path, reports_dir: Path,
             old.unlink()
     title = f"`{grid.budget}`" + (f" (grid `{grid.name}`)" if grid.name != grid.budget else "")
     md = [f"# Ablations — budget {title}", "", "## Verdicts", "",
-          *verdict_markdown(verdict_rows(runs, list(TASKS), latents), TASK_TITLES), "",
+          *verdict_markdown(verdict_rows(runs, list(tasks_of(runs)), latents)), "",
           *shortcut_lines(grid), "## What was run", "",
           *_what_was_run(grid, runs, wall_time), "",
           f"Two metrics of the greedy validation completions: {METRIC_TEXT['exact']}, and "
           f"{METRIC_TEXT['score']}; {PAPER_METRIC}. ± is the sample standard deviation "
           "(ddof = 1) over seeds.", "", *_old_evals(runs),
-          "## Table 1", "", t1["exact"], "## Table 2", "", t2["exact"],
+          "## Table 1", "", t1["exact"], "## Exact by source dataset", "",
+          *by_source_markdown(runs, latents), "## Table 2", "", t2["exact"],
           "## Tables 1 and 2 by score", "", t1["score"], t2["score"], "## Figures", ""]
     captions = {"figure4": "Figure 4 — utilisation, routing entropy and reward over training",
                 "figure5": "Figure 5 — reward with vs. without C",
@@ -328,7 +330,7 @@ def write_report(grid: Grid, runs_dir: Path, reports_dir: Path,
            f"Computed per Perceiver run (Ours: every team, pooling and m; no control) over its "
            f"training trajectory, then averaged (paper: mean ρ = {PAPER_SPEARMAN} across "
            "tasks); the claims below state it against the shuffled-reward control.", ""]
-    for task in TASKS:
+    for task in tasks_of(runs):
         ours = [r for r in runs if r.key.get("task") == task  # a variant fills its family
                 and routed(r) and r.status == "done"]
         rho, n = mean_spearman(ours)
@@ -341,7 +343,7 @@ def write_report(grid: Grid, runs_dir: Path, reports_dir: Path,
                     "training)")
         else:
             text = "— (no Perceiver run finished)"
-        md.append(f"- {TASK_TITLES[task]}: {text}")
+        md.append(f"- {task_title(task)}: {text}")
     md += ["", "## Agreement with the paper", "",
            "Findings, in exact (\"but within noise\": the difference is within 2 standard "
            "errors of its noise, so it is no finding either way. Two evaluations are compared "

@@ -10,8 +10,9 @@ import math
 import numpy as np
 
 from musketeers.reports.aggregate import Run, mean_std, select, spearman_reward_entropy
-from musketeers.reports.tables import DEFAULT_POOLING, DEFAULT_TEAM, ROUTING_CONTROL, TASK_TITLES
+from musketeers.reports.tables import DEFAULT_POOLING, DEFAULT_TEAM, ROUTING_CONTROL
 from musketeers.reports.verdicts import NO_CONTROL, claim_line, seeds_text, two_se_clause
+from musketeers.tasks.variants import task_title
 
 PAPER_SPEARMAN = -0.48
 # the routing's change over training, per run (aggregate.Run): (claim, Run attribute, the sign
@@ -63,7 +64,7 @@ def change_claim(runs: list[Run], task: str, latents: int, what: str, attr: str,
                  phrase: str) -> str:
     """One change of the routing over training (``attr`` of each run), Ours against its
     shuffled-reward control's same change."""
-    text = f"§4.3: on {TASK_TITLES[task]}, {what}; Ours (default team) vs shuffled reward"
+    text = f"§4.3: on {task_title(task)}, {what}; Ours (default team) vs shuffled reward"
 
     def values(method: str) -> dict[int, float]:
         return {s: v for s, r in _done(runs, task, latents, method).items()
@@ -91,7 +92,7 @@ def spearman_claim(runs: list[Run], task: str, latents: int) -> str:
     did to the routing: where Ours' own ρ is no more negative, the correlation is the items',
     not routing shaped by reward. (The control's ρ with its own reward is no comparison: a
     policy that learns less has rewards that track the items less.)"""
-    text = (f"§4.3: on {TASK_TITLES[task]}, reward and routing entropy correlate negatively "
+    text = (f"§4.3: on {task_title(task)}, reward and routing entropy correlate negatively "
             f"(paper: mean ρ = {PAPER_SPEARMAN}); Ours (default team) vs Ours' reward against "
             "the shuffled-reward control's entropy on the same steps")
     ours, ctl = _done(runs, task, latents, DEFAULT_TEAM["method"]), _done(

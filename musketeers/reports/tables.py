@@ -13,10 +13,9 @@ from typing import Any
 
 from musketeers import experiment, methods
 from musketeers.reports.aggregate import Cell, Run, cell
+from musketeers.tasks.variants import task_title
 
-TASKS = experiment.FAMILIES
-TASK_TITLES = {"algorithmic": "Algorithmic", "arithmetic": "Arithmetic", "logic": "Logic",
-               "gsm8k": "GSM8K"}
+TASKS = experiment.FAMILIES  # the paper's, in its column order; a grid may run others
 DEFAULT_LATENTS = experiment.DEFAULT_LATENTS
 DEFAULT_POOLING = experiment.DEFAULT_POOLING
 # The method every claim is about; its controls are the registry's methods with
@@ -126,13 +125,15 @@ def paper_text(value: tuple[float, float] | None, control: bool = False) -> str:
 
 
 def table1_cells(runs: list[Run], latents: int = DEFAULT_LATENTS, metric: str = "exact",
-                 tasks: tuple[str, ...] = TASKS) -> list[tuple[Row, dict[str, Cell]]]:
+                 tasks: tuple[str, ...] | None = None) -> list[tuple[Row, dict[str, Cell]]]:
+    tasks = tasks_of(runs) if tasks is None else tasks
     return [(row, {t: cell(runs, metric, task=t, pooling=DEFAULT_POOLING, latents=latents,
                            **row.key) for t in tasks}) for row in table1_rows(runs)]
 
 
-def table1_tasks(runs: list[Run]) -> tuple[str, ...]:
-    """The paper's tasks, then any other task the runs trained on (e.g. planted); a variant
+def tasks_of(runs: list[Run]) -> tuple[str, ...]:
+    """The paper's tasks, then any other task the runs trained on (rg:NAME, a task file,
+    planted): every table, claim and figure covers both, titled by ``task_title``. A variant
     (``arithmetic:easy@direct``) fills its family's column, not one of its own."""
     others = sorted({str(r.key.get("task")) for r in runs} - set(TASKS) - {"None"})
     return (*TASKS, *others)
@@ -158,10 +159,10 @@ def _legend(metric: str) -> str:
 def table1_markdown(runs: list[Run], latents: int = DEFAULT_LATENTS,
                     metric: str = "exact") -> str:
     """Table 1: ``metric`` per method and task, then the controls; ours | paper."""
-    tasks = table1_tasks(runs)
+    tasks = tasks_of(runs)
     header = ["Method"]
     for t in tasks:
-        title = TASK_TITLES.get(t, t)
+        title = task_title(t)
         header += [f"{title} (ours)", f"{title} (paper)"]
     lines = [_row(header), _row(["---"] + ["---:"] * (len(header) - 1))]
     for row, cells in table1_cells(runs, latents, metric, tasks):
@@ -183,7 +184,7 @@ def table1_markdown(runs: list[Run], latents: int = DEFAULT_LATENTS,
 def _variants_note(runs: list[Run], tasks: tuple[str, ...]) -> str:
     """Name the variants our columns hold: their items are not the paper's, so the paper's
     column beside them is a reference, not a comparison (claims.compare says the same)."""
-    held = [f"{TASK_TITLES.get(t, t)} = " + ", ".join(f"`{v}`" for v in variants)
+    held = [f"{task_title(t)} = " + ", ".join(f"`{v}`" for v in variants)
             for t in tasks if (variants := cell(runs, task=t).variants)]
     if not held:
         return ""

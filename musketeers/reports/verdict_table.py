@@ -18,6 +18,7 @@ from musketeers.reports.aggregate import Cell, Run, cell
 from musketeers.reports.paired import by_item
 from musketeers.reports.stats import SeedTest, holm, paired_seed_test, verdict
 from musketeers.runlog import eval_files
+from musketeers.tasks.variants import task_title
 
 OURS: dict[str, Any] = {"method": "perceiver", "team": "default"}
 
@@ -128,7 +129,7 @@ def verdict_rows(runs: list[Run], tasks: list[str], latents: int = 8,
     return rows
 
 
-def verdict_markdown(rows: list[VerdictRow], titles: dict[str, str]) -> list[str]:
+def verdict_markdown(rows: list[VerdictRow]) -> list[str]:
     """The table a reader sees first, then one short line per row saying what it tests."""
     if not rows:
         return ["No comparison has both of its cells on a shared seed yet."]
@@ -140,7 +141,7 @@ def verdict_markdown(rows: list[VerdictRow], titles: dict[str, str]) -> list[str
         mde = "—" if t.mde is None else f"{t.mde:.1f}"
         name = r.comparison.name + (" (positive control)" if r.comparison.positive_control
                                     else "")
-        out.append(f"| {name} | {titles.get(r.task, r.task)} | {r.tested:.2f} | "
+        out.append(f"| {name} | {task_title(r.task)} | {r.tested:.2f} | "
                    f"{r.control:.2f} | {t.diff:+.2f} | {interval} | {mde} | {r.verdict} |")
     out += ["", "Exact %, means over the seeds both cells ran; the difference is the mean of "
             "the per-seed differences, tested by a paired t over seeds with the items' clustered "

@@ -38,8 +38,8 @@ def within_noise(a: Cell, b: Cell, spread: SeedSpread | None = None) -> tuple[bo
         # one seed has no spread of its own: a measured one, where given and larger, stands in
         if p.runs == 1 and spread is not None and spread.sd > p.noise:
             return two_se_clause(a.mean, b.mean, spread.sd, "points", (
-                f"one seed: SE the seed spread of {spread.source} (sd of their per-seed "
-                f"differences {spread.sd:.2f}), larger than the items' paired SE {p.se:.2f}"))
+                f"one seed; SE from the seed spread of {spread.source}, sd {spread.sd:.2f} > "
+                f"item SE {p.se:.2f}"))
         return two_se_clause(a.mean, b.mean, p.noise, "points", p.counts())
     se_a, se_b = a.item_se, b.item_se
     if se_a is None or se_b is None:
@@ -57,10 +57,10 @@ def two_se_clause(a: float, b: float, se: float, unit: str, counts: str) -> tupl
     f = ".2f" if unit == "points" else (".3f" if max(diff, two_se) >= 0.01 else ".5f")
     size = f"{diff:{f}}" + (f" {unit}" if unit else "")
     if diff == 0:
-        return True, f"no difference at all, over {counts}"
+        return True, f"no difference ({counts})"
     if diff > two_se:
-        return False, f"the difference, {size}, exceeds 2 SE ({two_se:{f}}) of {counts}"
-    return True, f"the difference, {size}, is within 2 SE ({two_se:{f}}) of {counts}"
+        return False, f"Δ {size} > 2 SE = {two_se:{f}} ({counts})"
+    return True, f"Δ {size} ≤ 2 SE = {two_se:{f}} ({counts})"
 
 
 def claim_line(text: str, holds: bool | None, detail: str, noise: bool = False,

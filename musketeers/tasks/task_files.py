@@ -3,6 +3,7 @@
 A task file is what a Reasoning Gym user writes for ``CompositeConfig.from_yaml``::
 
     name: my_mix                 # optional; the file's stem otherwise
+    title: My mix                # optional: its name in tables and claims; the name otherwise
     prompt: direct               # optional: one of Reasoning Gym's system prompt styles
     datasets:                    # CompositeConfig.datasets: DatasetSpec(name, weight, config)
       - {name: chain_sum, weight: 2, config: {min_terms: 2, max_terms: 3}}
@@ -33,7 +34,7 @@ from musketeers.cache.errors import UserError
 
 log = logging.getLogger(__name__)
 
-FILE_KEYS = ("name", "prompt", "datasets", "levels", "size", "seed")
+FILE_KEYS = ("name", "title", "prompt", "datasets", "levels", "size", "seed")
 DATASET_KEYS = ("name", "weight", "config")
 # registered by Reasoning Gym but not a generator one can run at its defaults
 _NOT_DATASETS = frozenset({"composite"})
@@ -57,6 +58,7 @@ class TaskFile:
     sha256: str
     datasets: tuple[DatasetEntry, ...]
     prompt: str | None = None
+    title: str = ""
     levels: dict[str, tuple[DatasetEntry, ...]] = field(default_factory=dict)
 
     def members(self, level: str | None) -> tuple[DatasetEntry, ...]:
@@ -187,6 +189,9 @@ def _load(path: Path, data: bytes) -> TaskFile:
     name = raw.get("name", path.stem)
     if not isinstance(name, str) or not name:
         raise UserError(f"{where}: name must be a non-empty string")
+    title = raw.get("title", name)
+    if not isinstance(title, str) or not title:
+        raise UserError(f"{where}: title must be a non-empty string")
     prompt = raw.get("prompt")
     if prompt is not None and not isinstance(prompt, str):
         raise UserError(f"{where}: prompt must be a prompt style's name")
@@ -198,7 +203,7 @@ def _load(path: Path, data: bytes) -> TaskFile:
     if "size" in raw or "seed" in raw:
         log.warning("%s: size and seed are replaced by the split rule's sizes and seeds", where)
     return TaskFile(
-        name=name, path=path, sha256=hashlib.sha256(data).hexdigest(), prompt=prompt,
+        name=name, title=title, path=path, sha256=hashlib.sha256(data).hexdigest(), prompt=prompt,
         datasets=parse_datasets(raw["datasets"], where),
         levels={str(lv): parse_datasets(v["datasets"], f"{where}, level {lv}")
                 for lv, v in levels.items()},

@@ -19,6 +19,7 @@ that do not touch the method.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from musketeers.cache.errors import UserError
 from musketeers.cache.store import TASK_FILE
@@ -114,6 +115,38 @@ def packaged_tasks(prompts: tuple[str, ...] = PROMPT_STYLES) -> list[str]:
         for level in (None, *levels(base)):
             out += [str(TaskName(base, level, prompt)) for prompt in prompts]
     return out
+
+
+def task_family(task: str) -> str:
+    """The column a run of ``task`` fills in tables and claims: its base task, without level
+    or prompt (``arithmetic:easy@direct`` -> ``arithmetic``, ``rg:gcd@direct`` -> ``rg:gcd``,
+    ``mix.yaml:easy`` -> ``mix.yaml``). Read from the string alone: a report rebuilt where a
+    task file is absent still groups its runs."""
+    if (m := TASK_FILE.fullmatch(task)) is not None:
+        return m["path"]
+    rest = task.partition("@")[0]
+    return rest if rest.startswith(RG_PREFIX) else rest.partition(":")[0]
+
+
+BUILTIN_TITLES = {"gsm8k": "GSM8K", "gsm_symbolic": "GSM-Symbolic", "planted": "Planted"}
+
+
+def task_title(family: str) -> str:
+    """A task's title in tables and claims, taken from the task: a task file's ``title``
+    (packaged or one's own; its name when it has none), a built-in task's, a Reasoning Gym
+    dataset's own name. A task file that cannot be read here is titled by its stem."""
+    if family in packaged_files():
+        return packaged(family).title
+    if family in BUILTIN_TITLES:
+        return BUILTIN_TITLES[family]
+    if family.startswith(RG_PREFIX):
+        return family.removeprefix(RG_PREFIX)
+    if TASK_FILE.fullmatch(family) is not None:
+        try:
+            return load_task_file(family).title
+        except UserError:
+            return Path(family).stem
+    return family
 
 
 def system_prompt(style: str = DEFAULT_PROMPT) -> str:
