@@ -41,6 +41,17 @@ def test_published_config_has_relative_paths_or_none(tmp_path: Path):
         assert not has_absolute_path((dest / name).read_text()), name
 
 
+def test_a_task_file_path_is_published_relative_or_as_its_name(tmp_path: Path):
+    from musketeers.grid.portable import portable_config
+
+    root = tmp_path / "repo"
+    for task, published in ((f"{root}/tasks/mix.yaml:easy@direct", "tasks/mix.yaml:easy@direct"),
+                            (f"{tmp_path}/elsewhere/mix.yml", "mix.yml"),
+                            ("rg:gcd@direct", "rg:gcd@direct")):
+        text = yaml.safe_dump({"task": task, "seed": 0})
+        assert yaml.safe_load(portable_config(text, root))["task"] == published
+
+
 def test_the_check_sees_an_absolute_path():
     assert has_absolute_path("cache_dir: /work/main/stores/pocket\n")
     assert not has_absolute_path("cache_dir: stores/pocket\ntask: algorithmic:easier@direct\n")

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from musketeers.cache.store import TASK_FILE
 from musketeers.config import TrainConfig
 
 # the config fields that hold paths (TrainConfig's ``path`` metadata)
@@ -44,14 +45,29 @@ def _portable_fields(data: dict[str, Any], keys: tuple[str, ...], root: Path) ->
     return changed
 
 
+def portable_task(task: str, root: Path) -> str:
+    """A task file's absolute path relative to ``root``, or its file name when it lies
+    elsewhere (the run's fingerprints keep the file's hash); level and prompt kept."""
+    m = TASK_FILE.fullmatch(task)
+    if m is None or not os.path.isabs(m["path"]):
+        return task
+    return (relative(m["path"], root) or Path(m["path"]).name) + m["suffix"]
+
+
 def portable_config(text: str, root: Path) -> str:
-    """A run's config.yaml with its path fields relative to ``root`` (or dropped); a file
-    that is no mapping is left as it is."""
+    """A run's config.yaml with its path fields relative to ``root`` (or dropped), a task
+    file's path too; a file that is no mapping is left as it is."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError:
         return text
-    if not isinstance(data, dict) or not _portable_fields(data, PATH_FIELDS, root):
+    if not isinstance(data, dict):
+        return text
+    task = data.get("task")
+    moved = isinstance(task, str) and portable_task(task, root) != task
+    if moved:
+        data["task"] = portable_task(task, root)
+    if not _portable_fields(data, PATH_FIELDS, root) and not moved:
         return text
     return yaml.safe_dump(data, sort_keys=False)
 
