@@ -485,8 +485,10 @@ def test_no_figure_draws_outside_its_canvas(tmp_path: Path, monkeypatch):
 def test_grid_needs_union_of_experts_hints_and_router(tmp_path: Path):
     grid = load_grid(small_grid(tmp_path), overrides={"cache_dir": str(tmp_path / "none")})
     teams = {"default": ["e1", "e2"]}
-    (need,) = grid_needs(grid, lambda team, roster: teams[team])
+    need, logic = grid_needs(grid, lambda team, roster: teams[team])
     assert need.task == "arithmetic" and list(need.experts) == ["e1", "e2"]
+    # logic runs only Single: its store is needed for the items, no expert in it
+    assert logic.task == "logic" and not logic.experts and not logic.router
     assert not need.hint_experts and not need.router
     assert missing(need, open_task_store(need)) == (["e1", "e2"], [], False)
 
@@ -532,7 +534,7 @@ def test_grid_precomputes_into_the_folder_its_runs_read(tmp_path: Path, monkeypa
 
     monkeypatch.setenv("MUSKETEERS_CACHE_DIR", str(tmp_path / "env-stores"))
     grid = load_grid(small_grid(tmp_path))
-    (need,) = grid_needs(grid, lambda team, roster: ["e1"])
+    need, _ = grid_needs(grid, lambda team, roster: ["e1"])
     assert "cache_dir" not in next(iter(grid.runs)).fields
     assert need.cache_dir == str(tmp_path / "env-stores") == TrainConfig().cache_dir
 

@@ -147,3 +147,33 @@ def test_smoke_grid_end_to_end(tmp_path: Path):
     second = CliRunner().invoke(app, args)
     assert second.exit_code == 0, second.output
     assert "0 trained" in second.output and f"{len(grid.runs)} already done" in second.output
+
+
+def test_a_grid_of_new_tasks_precomputes_trains_and_reports_them(tmp_path: Path, monkeypatch):
+    """rg:NAME and a task file of one's own through a whole grid with no code edit: their
+    stores are built (the task without experts' runs too), and the report titles them by the
+    task and breaks the file's mix down by source dataset."""
+    monkeypatch.chdir(tmp_path)
+    Path("mix.yaml").write_text("name: mix\ntitle: Number theory\ndatasets:\n"
+                                "  - {name: gcd, config: {max_value: 100}}\n  - {name: lcm}\n")
+    Path("grid.yaml").write_text(yaml.safe_dump({
+        "budget": "smoke", "name": "mix", "seeds": [0],
+        "precompute": {"limit": 8, "dtype": "float32"},
+        "defaults": {"budget": "smoke", "roster": "tiny", "policy": "tiny", "steps": 1,
+                     "eval_limit": 6, "latents": 8, "threads": 1},
+        "runs": [{"task": "mix.yaml", "method": ["single", "perceiver"], "team": "default"},
+                 {"task": "rg:gcd@direct", "method": "single"}]}))
+    out = CliRunner().invoke(app, ["ablate", "--grid", "grid.yaml", "--runs-dir", "runs",
+                                   "--reports-dir", "reports", "--cache-dir", "stores"])
+    assert out.exit_code == 0, out.output
+    assert "3 trained" in out.output and "0 failed" in out.output
+    assert Path("stores/rg:gcd@direct.zarr").is_dir()  # built for a run that reads no expert
+    readme = Path("reports/mix/README.md").read_text()
+    header = next(x for x in Path("reports/mix/table1.md").read_text().splitlines()
+                  if x.startswith("| Method"))
+    assert "| Number theory (ours) | Number theory (paper) |" in header and "gcd (ours)" in header
+    assert "**Number theory**, exact (%) per source dataset" in readme
+    assert "| Method | gcd | lcm |" in readme
+    published = yaml.safe_load(next(Path("reports/mix/runs").glob("*mix*single*/config.yaml"))
+                               .read_text())
+    assert published["task"] == "mix.yaml"

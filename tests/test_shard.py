@@ -92,8 +92,10 @@ def test_report_only_refuses_a_shard(monkeypatch, capsys):
 
 def test_precompute_only_trains_nothing(tmp_path: Path, monkeypatch, capsys):
     path = tmp_path / "g.yaml"
-    path.write_text(yaml.safe_dump({"budget": "t", "seeds": [0, 1], "defaults": {"budget": "t"},
-                                    "runs": [{"task": "arithmetic", "method": "single"}]}))
+    fixtures = Path(__file__).resolve().parent / "fixtures"  # Single reads the store's items
+    path.write_text(yaml.safe_dump({"budget": "t", "seeds": [0, 1], "defaults": {
+        "budget": "t", "cache_dir": str(fixtures)},
+        "runs": [{"task": "arithmetic", "method": "single"}]}))
     runs_dir = tmp_path / "runs"
     code, out, err = run_cli(monkeypatch, capsys, "ablate", "--grid", str(path), "--runs-dir",
                              str(runs_dir), "--reports-dir", str(tmp_path / "reports"),

@@ -46,16 +46,18 @@ def grid_needs(grid: Grid, team_experts: Callable[[str | None, str], list[str]] 
     reads (the registry's ``reads``; a control reads what its method does)."""
     team_experts = team_experts or _team_experts
     needs: dict[tuple[str, str, str], TaskNeed] = {}
+    items_only: dict[tuple[str, str], TaskNeed] = {}
     for run in grid.runs:
         f: dict[str, Any] = run.fields
         method = methods.get(str(f.get("method", TrainConfig.method)))
-        if not method.uses_experts:
-            continue
         roster = str(f.get("roster", "pocket"))
         # the trainer's own rule (option, else $MUSKETEERS_CACHE_DIR, else stores), so the
         # grid fills the folder its runs will read
         cache_dir = str(cache_root(f.get("cache_dir")))
         key = (str(f["task"]), cache_dir, roster)
+        if not method.uses_experts:  # it still reads its items from the task's store
+            items_only.setdefault(key[:2], TaskNeed(*key))
+            continue
         need = needs.setdefault(key, TaskNeed(*key))
         # hints live in the experts' groups, so a method reading hints needs those too
         for name, arg in _run_experts(f, roster, team_experts):
@@ -64,7 +66,8 @@ def grid_needs(grid: Grid, team_experts: Callable[[str | None, str], list[str]] 
             if "hints" in method.reads:
                 need.hint_experts.setdefault(name, None)
         need.router |= "router" in method.reads
-    return list(needs.values())
+    read = {k[:2] for k in needs}
+    return [*needs.values(), *(n for k, n in items_only.items() if k not in read)]
 
 
 def _run_experts(fields: dict[str, Any], roster: str,
@@ -162,7 +165,7 @@ def ensure_cache(grid: Grid, settings: dict[str, Any] | None,
     ``device``), or None when the grid must find its stores ready (the smoke grid's fixtures).
     Each precompute call's wall time goes to ``ledger`` (``musketeers.grid.ledger``).
     """
-    done = []
+    done, unfilled = [], []
     for need in grid_needs(grid, team_experts):
         root = open_task_store(need)
         settings_ = settings or {}
@@ -172,12 +175,14 @@ def ensure_cache(grid: Grid, settings: dict[str, Any] | None,
         hinted = [e for e in dict.fromkeys(absent + no_hints) if e in need.hint_experts]
         plain = [e for e in absent if e not in need.hint_experts]
         todo = plain + hinted
-        if not todo and not router:
+        fresh = root is None  # no store: even a grid of runs without experts needs its items
+        if not todo and not router and not fresh:
             continue
         if settings is None:
-            raise UserError(
-                f"the {grid.budget} grid needs {need.task} features ({', '.join(todo) or 'router'})"
-                f" in {need.cache_dir}; run: {_fill_command(need, todo, bool(hinted))}")
+            what = ", ".join(todo) or ("router" if router else "its items")
+            unfilled.append(f"{need.task} features ({what}) in {need.cache_dir}; run: "
+                            f"{_fill_command(need, todo, bool(hinted))}")
+            continue
         from musketeers.features import precompute_features
 
         log.info("precompute %s: %s%s", need.task, ", ".join(todo) or "-",
@@ -200,6 +205,8 @@ def ensure_cache(grid: Grid, settings: dict[str, Any] | None,
                     gsm8k_dir=gsm8k_dir, router=router)
             router = False
         done.append(need.task)
+    if unfilled:
+        raise UserError(f"the {grid.budget} grid needs " + "; and ".join(unfilled))
     return done
 
 
