@@ -65,6 +65,7 @@ from musketeers.runlog import (
     summarize,
     tensorboard,
 )
+from musketeers.step_profile import PhaseClock, step_work
 from musketeers.warmup import warm_up_adapter, warms_up
 
 log = logging.getLogger("musketeers.train")
@@ -100,9 +101,11 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
     mine = world.shard(len(rows))
     if adapter is not None:
         adapter.train()
-    rollouts = [sample(cfg, step, policy, adapter, data, rows[i:min(i + b, mine.stop)],
-                       list(range(i, min(i + b, mine.stop))), fault, vector_source)
-                for i in range(mine.start, mine.stop, b)]
+    clock = PhaseClock()
+    with clock.phase("sample"):
+        rollouts = [sample(cfg, step, policy, adapter, data, rows[i:min(i + b, mine.stop)],
+                           list(range(i, min(i + b, mine.stop))), fault, vector_source)
+                    for i in range(mine.start, mine.stop, b)]
     any_kept, signal = assign_advantages(cfg, step, rollouts, world)
     # before the update, so it compares with this step's reward_mean (same weights, prompts)
     without_c = None
@@ -112,8 +115,9 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
         without_c = float(np.mean([s for part in scores for s in part]))
     skipped = cfg.skip_no_signal and not signal
     active = [] if skipped else [r for r in rollouts if r.keep.any()]
-    for r in active:
-        reference_passes(cfg, policy, r)
+    with clock.phase("reference"):
+        for r in active:
+            reference_passes(cfg, policy, r)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     losses, kls, norms = [], [], []
     # one normaliser for the whole update (every rank's), so that its micro-batches' losses
@@ -125,25 +129,30 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
         optimizer.zero_grad(set_to_none=True)
         total = 0.0
         for r in active:
-            context, _ = adapter_context(adapter, r.vectors, r.router, cfg.device, r.adapter_rng)
-            prompts, ctx, comps = kept(r, context)
-            logp, mask = policy.completion_logprobs(prompts, ctx, comps,
-                                                     temperature=cfg.temperature)
-            old = r.old_logp if r.old_logp is not None else logp.detach()
-            adv = r.adv[r.keep].reshape(-1).to(logp.device)
-            loss, stats = grpo_loss(
-                logp.float(), old.float(), None if r.ref_logp is None else r.ref_logp.float(),
-                adv, mask, beta=cfg.beta, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                loss_norm=cfg.loss_norm, max_len=cfg.max_new_tokens, denominator=denominator)
-            if fault is not None:
-                loss = fault(step, "loss", loss)
-            check_finite(step, "loss", loss.detach())
-            loss.backward()
+            with clock.phase("forward"):
+                context, _ = adapter_context(adapter, r.vectors, r.router, cfg.device,
+                                             r.adapter_rng)
+                prompts, ctx, comps = kept(r, context)
+                logp, mask = policy.completion_logprobs(prompts, ctx, comps,
+                                                         temperature=cfg.temperature)
+                old = r.old_logp if r.old_logp is not None else logp.detach()
+                adv = r.adv[r.keep].reshape(-1).to(logp.device)
+                loss, stats = grpo_loss(
+                    logp.float(), old.float(), None if r.ref_logp is None else r.ref_logp.float(),
+                    adv, mask, beta=cfg.beta, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                    loss_norm=cfg.loss_norm, max_len=cfg.max_new_tokens, denominator=denominator)
+                if fault is not None:
+                    loss = fault(step, "loss", loss)
+                check_finite(step, "loss", loss.detach())
+            with clock.phase("backward"):
+                loss.backward()
             total += float(loss.detach())
             kls.append(stats["kl"])
-        world.sum_grads(params)  # each rank's loss is its share of the update's: a sum
+        with clock.phase("backward"):
+            world.sum_grads(params)  # each rank's loss is its share of the update's: a sum
         losses.append(world.total(total))
         clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        t_opt = time.perf_counter()
         norm = torch.nn.utils.clip_grad_norm_(params, clip)
         if fault is not None:
             norm = fault(step, "grad_norm", norm)
@@ -151,6 +160,7 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
             check_finite(step, _first_bad_grad(policy, adapter), norm)
         norms.append(float(norm))
         optimizer.step()
+        clock.seconds["optimizer"] += time.perf_counter() - t_opt
     with warnings.catch_warnings():  # a skipped update still advances the lr schedule
         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
         scheduler.step()
@@ -158,6 +168,11 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
     row = _metrics(cfg, step, parts, data.expert_names, losses, norms, optimizer,
                    time.perf_counter() - t0)
     row["update_skipped"] = skipped
+    iters = len(norms)
+    row["phase_s"] = clock.seconds
+    row["work"] = step_work(rollouts, cfg.latents if adapter is not None else 0, {
+        "reference": (int(cfg.beta > 0) + int(cfg.inner_iters > 1)) * bool(active),
+        "forward": iters * bool(active)})
     row["loss_zero_var_frac"] = float(np.mean(parts["zero_adv"])) if parts["zero_adv"] else None
     if parts["context_n"]:
         row.update(context_scale(parts["context_sq"], parts["context_n"], policy.embedding_rms))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -221,3 +223,60 @@ def test_trl_bench_pocket_step_is_the_step_the_pocket_grid_trains():
     assert (step["policy"], step["task"], step["dtype"]) == (cfg.policy, cfg.task, cfg.dtype)
     assert (step["prompts"], step["group_size"], step["max_new_tokens"]) == (
         cfg.prompts_per_micro * cfg.grad_accum, cfg.group_size, cfg.max_new_tokens)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_model_shape_splits_the_matmuls_from_the_embeddings(tied):
+    from musketeers.bench.roofline import model_shape
+
+    s = model_shape(_llama(tied))
+    assert s["linear"] == non_embedding_params(_llama(tied)) and s["head"] == 100 * 16
+    assert (s["layers"], s["hidden"], s["kv_dim"], s["element_bytes"]) == (2, 16, 8, 4)
+
+
+def test_the_roofline_of_each_phase_matches_a_hand_count():
+    from musketeers.bench.roofline import ideal_seconds, phase_shares
+
+    shape = {"linear": 1000, "head": 100, "layers": 2, "hidden": 8, "kv_dim": 4,
+             "element_bytes": 4, "checkpointing": True}
+    work = {"prefill_tokens": 10, "prefill_attention": 50, "decode_steps": 3, "decode_rows": 1,
+            "decode_tokens": 3, "decode_context": 30, "logprob_tokens": 40,
+            "logprob_completion_tokens": 12, "logprob_attention": 400,
+            "reference_passes": 1, "forward_passes": 2}
+    flops, bandwidth = 1e4, 1e4
+    ideal = ideal_seconds(shape, work, flops, bandwidth)
+    prefill = 2 * 1000 * 10 + 2 * 2 * 8 * 50
+    decode_flops = 2 * 1100 * 3 + 4 * 2 * 8 * 30
+    decode_bytes = 4 * (1100 * 3 + 2 * 2 * 4 * 30)  # weights once a step, KV per position
+    assert decode_bytes > decode_flops  # one row: decoding is memory-bound
+    many = ideal_seconds(shape, {**work, "decode_tokens": 3 * 64}, flops, bandwidth)
+    assert many["sample"][1] == "decode compute"  # 64 rows share each read of the weights
+    assert ideal["sample"] == (pytest.approx((prefill + decode_bytes) / 1e4), "decode memory")
+    one = (2 * 1000 * 40 + 2 * 100 * 12 + 2 * 2 * 8 * 400) / 1e4
+    assert ideal["reference"][0] == pytest.approx(one)
+    assert ideal["forward"][0] == pytest.approx(2 * one)
+    assert ideal["backward"][0] == pytest.approx(2 * 2 * one)  # dX, and a recompute
+    # twice the measured time of the ideal: half the roofline
+    phases = {p: 2 * ideal[p][0] for p in ("sample", "reference", "forward", "backward")}
+    shares = phase_shares(shape, [(phases, work), (phases, work)], flops, bandwidth)
+    assert all(s["share"] == pytest.approx(0.5) for s in shares.values())
+
+
+def test_copy_bandwidth_counts_the_read_and_the_write():
+    from musketeers.bench.roofline import copy_bandwidth
+
+    rates = copy_bandwidth(mib=8, reps=2, min_seconds=0.01)
+    assert len(rates) == 2 and all(1e8 < r < 1e13 for r in rates)
+
+
+def test_the_roofline_section_reports_every_phase_of_real_steps(tmp_path):
+    from musketeers.bench.__main__ import main
+
+    out = tmp_path / "B.md"
+    assert main(["--quick", "--only", "roofline", "--policy", "tiny", "--out", str(out),
+                 "--work-dir", str(tmp_path / "w")]) == 0
+    text = out.read_text()
+    for phase in ("sample", "reference", "forward", "backward"):
+        assert re.search(rf"\| roofline \| {phase}: share of its roofline \| \d+\.\d% \| "
+                         r"≥ 50\.0% \| (PASS|MISS) \|", text), phase
+    assert "| roofline | ceilings: float32 matmul \\| copy bandwidth |" in text

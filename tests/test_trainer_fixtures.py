@@ -51,6 +51,13 @@ def _two_steps(tmp_path: Path, method: str) -> None:
     assert all(r["loss"] is not None and r["grad_norm"] >= 0 for r in rows)
     has_a = method in ("perceiver", "hard_routing")
     assert all(("utilisation" in r) == has_a for r in rows)
+    for r in rows:  # where the step's time went, and the work each phase did
+        assert 0 < sum(r["phase_s"].values()) <= r["time_s"] and r["phase_s"]["sample"] > 0
+        w = r["work"]
+        assert w["decode_rows"] == cfg.prompts_per_micro * cfg.grad_accum * cfg.group_size
+        assert 1 <= w["decode_steps"] <= cfg.max_new_tokens * cfg.grad_accum
+        assert w["forward_passes"] == cfg.inner_iters and w["reference_passes"] == 1
+        assert w["logprob_tokens"] > w["decode_rows"] and w["logprob_attention"] > 0
     last = ckpt.latest_checkpoint(run)
     assert (last / "adapter.safetensors").is_file() == (method not in ("output_collab",
                                                                          "single"))

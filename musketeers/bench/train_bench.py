@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from musketeers.bench.machine import peak_rss_mib, set_threads
+from musketeers.cache.devices import dtype_name
 from musketeers.cache.items import Item
 
 # reader pooling name -> compute_rows array (index -1 of layers_mean = the last layer's mean)
@@ -83,6 +84,7 @@ def run_steps(params: dict[str, Any]) -> dict[str, Any]:
     steps alternate cached, live, cached, live, …; ``step_s`` is then the cached steps and
     ``live_step_s`` the live step right after each.
     """
+    from musketeers.bench.roofline import model_shape
     from musketeers.build import build_components, make_optimizer, team_specs
     from musketeers.cache.devices import resolve_dtype
     from musketeers.trainer import train_step
@@ -97,7 +99,7 @@ def run_steps(params: dict[str, Any]) -> dict[str, Any]:
     if params.get("live") or paired:
         dtype = resolve_dtype(cfg.dtype, cfg.device)
         source = LiveExperts(team_specs(cfg), cfg.pooling, cfg.device, dtype, cfg.seed)
-    times, lens, expert_s = [], [], []
+    times, lens, expert_s, profile = [], [], [], []
     for step in range(cfg.steps):
         live = source is not None and (not paired or step % 2 == 1)
         before = source.seconds if live else 0.0
@@ -106,6 +108,7 @@ def run_steps(params: dict[str, Any]) -> dict[str, Any]:
                          vector_source=source if live else None)
         times.append(time.perf_counter() - t0)
         lens.append(row["completion_len"])
+        profile.append((row["phase_s"], row["work"]))
         expert_s.append(source.seconds - before if live else 0.0)
     w = params["warmup"]
     paired_rows, live_steps = {}, cfg.steps
@@ -115,6 +118,9 @@ def run_steps(params: dict[str, Any]) -> dict[str, Any]:
     prompt_len = float(np.mean([len(p) for p in policy.encode_prompts(data.items)]))
     return {
         "step_s": times[w:], "warmup_s": times[:w], "expert_s": expert_s[w:],
+        "profile": profile[w:] if not paired else profile[2 * w::2],
+        "shape": model_shape(policy.model),
+        "resolved_dtype": dtype_name(policy.dtype),
         "completion_len": lens, "peak_rss_mib": peak_rss_mib(), "threads": threads,
         "policy_params": _frozen_params(policy.model), "prompt_len": prompt_len,
         "context_tokens": cfg.latents if adapter is not None else 0,

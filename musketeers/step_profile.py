@@ -1,0 +1,69 @@
+"""Where a training step's time goes, and how much work each phase did.
+
+Every metrics row carries ``phase_s`` (seconds of this rank's step spent sampling, in the
+reference pass, in the loss forward, in backward and in the optimizer) and ``work`` (the token
+counts those phases processed). ``musketeers.bench.roofline`` turns the two into each phase's
+share of what the machine can do; the counts are exact, so the share is only as rough as the
+roofline's model of the hardware.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+PHASES = ("sample", "reference", "forward", "backward", "optimizer")
+
+
+class PhaseClock:
+    """Seconds per phase, summed over a step's micro-batches and inner iterations."""
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(PHASES, 0.0)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - t0
+
+
+def step_work(rollouts, n_context: int, passes: dict[str, int]) -> dict[str, int]:
+    """Token counts of one step's rollouts, as each phase processes them.
+
+    Sampling runs each group's prefix [x ‖ C] once (``prefill_tokens``), then decodes all of a
+    micro-batch's B·G rows together until the longest completion ends (``decode_steps``
+    steps over ``decode_rows`` rows, ``decode_tokens`` rows × steps); ``decode_context``
+    sums, over those steps and rows, the positions each decoded token attends to (what its
+    KV-cache read scales with). A log-prob
+    pass (reference, loss forward, backward) runs [x ‖ C ‖ y] of the kept rows:
+    ``logprob_tokens`` tokens (``logprob_completion_tokens`` of them through the LM head) and
+    ``logprob_attention`` Σ n² over its sequences (``prefill_attention`` likewise), counted once
+    per pass of each kind in ``passes`` ({"reference": k, "forward": k}).
+    """
+    w = dict.fromkeys(("prefill_tokens", "prefill_attention", "decode_steps", "decode_rows",
+                       "decode_tokens", "decode_context", "logprob_tokens",
+                       "logprob_completion_tokens", "logprob_attention"), 0)
+    for r in rollouts:
+        g = len(r.completions) // max(1, len(r.prompt_ids))
+        steps = max((len(c) for c in r.completions), default=0)
+        prefix = [len(p) + n_context for p in r.prompt_ids]
+        w["prefill_tokens"] += sum(prefix)
+        w["prefill_attention"] += sum(n * n for n in prefix)
+        w["decode_steps"] += steps
+        w["decode_rows"] += len(r.completions)
+        w["decode_tokens"] += steps * len(r.completions)
+        w["decode_context"] += sum(g * (steps * n + steps * (steps - 1) // 2) for n in prefix)
+        keep = r.keep.tolist() if r.keep.numel() else []
+        for b, k in enumerate(keep):
+            if k:
+                for c in r.completions[b * g:(b + 1) * g]:
+                    n = prefix[b] + len(c)
+                    w["logprob_tokens"] += n
+                    w["logprob_completion_tokens"] += len(c)
+                    w["logprob_attention"] += n * n
+    w.update({f"{k}_passes": v for k, v in passes.items()})
+    return w
