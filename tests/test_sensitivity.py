@@ -178,6 +178,31 @@ def test_the_verdict_table_finds_cells_by_key_and_names_the_positive_control(tmp
     assert {c.name for c in COMPARISONS} >= {"oracle > Single", "Ours > shuffled experts"}
 
 
+def test_the_verdict_table_refuses_to_compare_runs_trained_in_other_dtypes(tmp_path: Path):
+    """bf16 where the CPU computes it natively is allowed, but a method and its control must
+    share it: a seed whose two runs trained in different dtypes is left out, and a comparison
+    with no seed left is refused by name, not tested."""
+    base = dict(task="arithmetic:easier@direct", pooling="last", latents=8)
+    mixed, apart = tmp_path / "mixed", tmp_path / "apart"
+    for s, dtypes in enumerate([("float32", "float32"), ("bfloat16", "float32"),
+                                ("bfloat16", "bfloat16")]):
+        _run(mixed, f"oracle{s}", 0.80, method="perceiver", team="oracle", seed=s,
+             dtype=dtypes[0], **base)
+        _run(mixed, f"single{s}", 0.50 + s / 100, method="single", seed=s, dtype=dtypes[1],
+             **base)
+    row = {r.comparison.name: r for r in verdict_rows(load_runs(mixed), ["arithmetic"])}
+    assert row["oracle > Single"].test.seeds == 2  # seed 1 is bfloat16 against float32
+    assert row["oracle > Single"].verdict.endswith("seeds trained in bfloat16 vs float32 left out")
+    _run(apart, "oracle", 0.80, method="perceiver", team="oracle", seed=0, dtype="bfloat16",
+         **base)
+    _run(apart, "ctl", 0.50, method="shuffled_experts", team="oracle", seed=0, dtype="float32",
+         **base)
+    (refused,) = verdict_rows(load_runs(apart), ["arithmetic"])
+    assert refused.verdict == ("refused: trained in bfloat16 vs float32; a method and its "
+                               "control must share one dtype")
+    assert "| 80.00 | — | — | — | — | refused" in "\n".join(verdict_markdown([refused]))
+
+
 def test_standardized_experts_are_centred_by_the_train_split_and_saved_with_the_adapter(
         tmp_path: Path):
     from safetensors.torch import load_file, save_file

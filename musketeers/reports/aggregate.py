@@ -74,6 +74,14 @@ class Run:
     def seed(self) -> int:
         return int(self.config.get("seed") or 0)
 
+    @property
+    def dtype(self) -> str | None:
+        """The dtype the policy trained in, as resolved where the run ran (inputs.json), else
+        the one its config names; None when neither says (``auto``, not recorded)."""
+        resolved = (self.inputs or {}).get("dtype")
+        asked = self.config.get("dtype")
+        return resolved or (None if asked in (None, "auto") else str(asked))
+
     def value(self, metric: str, no_context: bool = False) -> float | None:
         """A validation metric (``METRICS``) in percent, of eval.json or eval_no_context.json."""
         return eval_percent(self.eval_no_context if no_context else self.eval, metric)

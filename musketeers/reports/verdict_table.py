@@ -9,6 +9,7 @@ whole table. Adding a claim means adding one entry to ``COMPARISONS``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,10 +71,14 @@ class VerdictRow:
     control: float
     test: SeedTest
     p_adjusted: float | None = None
+    refused: str | None = None  # why no seed could be compared (trained in other dtypes)
+    left_out: str = ""  # seeds left out of the comparison, and why
 
     @property
     def verdict(self) -> str:
-        return verdict(self.test, self.p_adjusted)
+        if self.refused:
+            return f"refused: {self.refused}"
+        return verdict(self.test, self.p_adjusted) + self.left_out
 
 
 def _cell(runs: list[Run], task: str, key: dict[str, Any], defaults: dict[str, Any],
@@ -89,6 +94,20 @@ def pair_by_seed(tested: Cell, control: Cell) -> list[tuple[Run, Run]]:
     only = seedless[0] if len(control.graded) == len(seedless) == 1 else None
     return [(r, other) for r in sorted(tested.graded, key=lambda r: r.seed)
             if (other := ctl.get(r.seed, only)) is not None]
+
+
+def same_dtype(pairs: list[tuple[Run, Run]]) -> tuple[list[tuple[Run, Run]], set[str]]:
+    """The pairs whose two runs trained in one dtype, and the mismatches left out ("float32
+    vs bfloat16"): bf16 and fp32 policies differ by more than a method does at pocket scale,
+    so a difference across dtypes is no evidence about the method. A run that recorded no
+    dtype is kept (older runs ran one dtype per grid)."""
+    kept, refused = [], set()
+    for a, b in pairs:
+        if a.dtype is None or b.dtype is None or a.dtype == b.dtype:
+            kept.append((a, b))
+        else:
+            refused.add(f"{a.dtype} vs {b.dtype}")
+    return kept, refused
 
 
 def item_se(pairs: list[tuple[Run, Run]], metric: str = "exact") -> tuple[float | None, int]:
@@ -115,7 +134,13 @@ def verdict_rows(runs: list[Run], tasks: list[str], latents: int = 8,
     for c in comparisons:
         for task in tasks:
             tested = _cell(runs, task, c.tested, c.defaults, latents)
-            pairs = pair_by_seed(tested, _cell(runs, task, c.control, c.defaults, latents))
+            pairs, mismatched = same_dtype(
+                pair_by_seed(tested, _cell(runs, task, c.control, c.defaults, latents)))
+            if mismatched and not pairs:
+                nan = SeedTest(math.nan, math.nan, math.nan, None, 0, None, 0)
+                rows.append(VerdictRow(c, task, tested.mean, math.nan, nan, refused=(
+                    f"trained in {', '.join(sorted(mismatched))}; a method and its control "
+                    "must share one dtype")))
             if not pairs:
                 continue
             a = [r.value(tested.metric) for r, _ in pairs]
@@ -123,7 +148,10 @@ def verdict_rows(runs: list[Run], tasks: list[str], latents: int = 8,
             se, n = item_se(pairs, tested.metric)
             test = paired_seed_test([x - y for x, y in zip(a, b, strict=True)], item_se=se,
                                     items=n)
-            rows.append(VerdictRow(c, task, float(np.mean(a)), float(np.mean(b)), test))
+            left_out = (f"; seeds trained in {', '.join(sorted(mismatched))} left out"
+                        if mismatched else "")
+            rows.append(VerdictRow(c, task, float(np.mean(a)), float(np.mean(b)), test,
+                                   left_out=left_out))
     for row, p in zip(rows, holm([r.test.p for r in rows]), strict=True):
         row.p_adjusted = p
     return rows
@@ -141,8 +169,9 @@ def verdict_markdown(rows: list[VerdictRow]) -> list[str]:
         mde = "—" if t.mde is None else f"{t.mde:.1f}"
         name = r.comparison.name + (" (positive control)" if r.comparison.positive_control
                                     else "")
-        out.append(f"| {name} | {task_title(r.task)} | {r.tested:.2f} | "
-                   f"{r.control:.2f} | {t.diff:+.2f} | {interval} | {mde} | {r.verdict} |")
+        control, diff = ("—", "—") if r.refused else (f"{r.control:.2f}", f"{t.diff:+.2f}")
+        out.append(f"| {name} | {task_title(r.task)} | {r.tested:.2f} | {control} | {diff} | "
+                   f"{interval} | {mde} | {r.verdict} |")
     out += ["", "Exact %, means over the seeds both cells ran; the difference is the mean of "
             "the per-seed differences, tested by a paired t over seeds with the items' clustered "
             "noise added (Welch–Satterthwaite degrees of freedom), 95 % interval, p "
