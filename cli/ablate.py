@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -49,6 +50,11 @@ def ablate(
     shard: Annotated[str | None, typer.Option(
         help="K/N: run worker K of N's share of the grid (runs i with i % N == K-1), publish "
         "it, and leave the report to `--report-only` once every worker is done")] = None,
+    dtype: Annotated[str | None, typer.Option(
+        help="the policy's dtype in every run: auto (native: bf16 where the CPU computes it), "
+        "bfloat16 or float32; another than the grid's makes its own grid (NAME-DTYPE: runs and "
+        "report apart), and the report compares a method with its control only in one dtype")
+                     ] = None,
     precompute_only: Annotated[bool, typer.Option(
         help="fill the stores the grid needs, then stop (once, before sharded workers start: "
         "they would contend for the stores' writer locks)")] = False,
@@ -76,9 +82,17 @@ def ablate(
 
         for t in task_list:
             check_task(t)
-    overrides = {"cache_dir": str(cache_dir)} if cache_dir else None
+    overrides = {"cache_dir": str(cache_dir)} if cache_dir else {}
+    if dtype is not None:
+        from musketeers.cache.devices import resolve_dtype
+
+        resolve_dtype(dtype, "cpu")  # an unknown dtype: one line naming the valid ones
+        overrides["dtype"] = dtype
     g = load_grid(grid or budget, seeds=_int_list(seeds, "seeds"), tasks=task_list,
-                  overrides=overrides)
+                  overrides=overrides or None)
+    if dtype is not None and dtype != g.defaults.get("dtype"):
+        g.name = f"{g.name}-{dtype}"  # never the grid's own runs, ledger or report
+        g.runs = [replace(run, name=f"{run.name}-{dtype}") for run in g.runs]
     part = parse_shard(shard) if shard is not None else None
     if part is not None and report_only:
         raise UserError("--report-only builds the whole grid's report; drop --shard")

@@ -103,3 +103,16 @@ def test_precompute_only_trains_nothing(tmp_path: Path, monkeypatch, capsys):
     assert code == 0, err
     assert "stores ready for the 2 runs of grid t" in out
     assert not runs_dir.exists() and not (tmp_path / "reports").exists()
+
+
+def test_another_dtype_is_a_grid_of_its_own(monkeypatch, capsys):
+    """--dtype auto runs a grid natively; its runs never share a folder with the float32
+    grid's (a changed dtype would otherwise set the published runs aside as stale)."""
+    pinned = listed(monkeypatch, capsys)
+    assert listed(monkeypatch, capsys, "--dtype", "float32") == pinned  # the grid's own
+    native = listed(monkeypatch, capsys, "--dtype", "auto")
+    assert native == [f"{name}-auto" for name in pinned]
+    code, _, err = run_cli(monkeypatch, capsys, "ablate", "--budget", "pocket", "--list",
+                           "--dtype", "bf17")
+    assert code != 0 and err.strip() == ("error: unknown dtype 'bf17'; use auto, float32, "
+                                         "bfloat16 or float16")
