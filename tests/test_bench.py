@@ -280,3 +280,17 @@ def test_the_roofline_section_reports_every_phase_of_real_steps(tmp_path):
         assert re.search(rf"\| roofline \| {phase}: share of its roofline \| \d+\.\d% \| "
                          r"≥ 50\.0% \| (PASS|MISS) \|", text), phase
     assert "| roofline | ceilings: float32 matmul \\| copy bandwidth |" in text
+
+
+def test_a_budgets_work_is_what_the_trainer_counts_for_such_a_step():
+    """The paper-scale estimate counts a step as the trainer does (``step_work``)."""
+    from types import SimpleNamespace
+
+    from musketeers.bench.roofline import budget_work
+    from musketeers.step_profile import step_work
+
+    budget = {"prompts_per_micro": 2, "grad_accum": 3, "group_size": 4}
+    rollouts = [SimpleNamespace(prompt_ids=[[1] * 10, [2] * 10], keep=torch.ones(2, dtype=bool),
+                                completions=[[7] * 5] * 8) for _ in range(3)]
+    counted = step_work(rollouts, 2, {"reference": 1, "forward": 1})
+    assert budget_work(budget, 10, 5, 2) == counted

@@ -72,7 +72,9 @@ def model_shape(model: Any) -> dict[str, Any]:
         linear=total - emb.numel() - (0 if tied else head.numel()), head=head.numel(),
         layers=cfg.num_hidden_layers, hidden=heads * head_dim, kv_dim=kv_heads * head_dim,
         element_bytes=emb.element_size(),
-        checkpointing=bool(getattr(model, "is_gradient_checkpointing", False))))
+        checkpointing=bool(getattr(model, "is_activation_checkpointing", None)
+                           if hasattr(model, "is_activation_checkpointing")
+                           else getattr(model, "is_gradient_checkpointing", False))))
 
 
 def _pass_flops(s: ModelShape, w: dict[str, int]) -> float:
@@ -115,3 +117,71 @@ def phase_shares(shape: dict[str, Any], rows: list[tuple[dict[str, float], dict[
                       "share": sum(i for i, _ in ideal) / total if total > 0 else None,
                       "bound": ideal[0][1] if ideal else ""}
     return out
+
+
+# Datasheet peaks (dense, no sparsity) for the paper-scale estimate: no GPU was measured
+# here, so the first GPU run is judged against these; ``make bench`` measures its own.
+GPUS = {"h100": {"name": "H100 SXM", "bf16_flops": 989e12, "bytes_per_s": 3.35e12},
+        "h200": {"name": "H200 SXM", "bf16_flops": 989e12, "bytes_per_s": 4.8e12}}
+
+
+def shape_of_config(shape: dict[str, Any], element_bytes: int = 2) -> dict[str, Any]:
+    """``model_shape`` of a Qwen2 config (``bench.gpu.PAPER_SHAPES``), built on the meta
+    device: no weights are allocated."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model("qwen2", tie_word_embeddings=True, **shape)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return {**model_shape(model), "element_bytes": element_bytes}
+
+
+def budget_work(budget: dict[str, Any], prompt_len: int, completion_len: int,
+                latents: int) -> dict[str, int]:
+    """One update's ``step_work`` for a budget, every completion ``completion_len`` tokens."""
+    prompts, g = budget["prompts_per_micro"] * budget["grad_accum"], budget["group_size"]
+    steps = completion_len
+    n, seq = prompt_len + latents, prompt_len + latents + completion_len
+    return {"prefill_tokens": prompts * n, "prefill_attention": prompts * n * n,
+            "decode_steps": budget["grad_accum"] * steps, "decode_rows": prompts * g,
+            "decode_tokens": prompts * g * steps,
+            "decode_context": prompts * g * (steps * n + steps * (steps - 1) // 2),
+            "logprob_tokens": prompts * g * seq, "logprob_completion_tokens": prompts * g * steps,
+            "logprob_attention": prompts * g * seq * seq, "reference_passes": 1,
+            "forward_passes": 1}
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    from musketeers.bench.gpu import PAPER_SHAPES
+    from musketeers.budgets import BUDGETS
+
+    p = argparse.ArgumentParser(description="What one paper-budget step should cost on a GPU, "
+                                "by the roofline (datasheet peaks; no GPU needed).")
+    p.add_argument("--gpu", choices=sorted(GPUS), default="h100")
+    p.add_argument("--policy", default="qwen2.5-3b (random weights)", choices=sorted(PAPER_SHAPES))
+    p.add_argument("--prompt-len", type=int, default=240, help="mean prompt tokens (the "
+                   "paper's arithmetic prompts under DeepSeekZero measure 200-280)")
+    p.add_argument("--completion-len", type=int, default=None,
+                   help="tokens per completion (default: the budget's max_new_tokens)")
+    p.add_argument("--latents", type=int, default=8)
+    args = p.parse_args(argv)
+    gpu, budget = GPUS[args.gpu], BUDGETS["paper"]
+    shape = shape_of_config(PAPER_SHAPES[args.policy])
+    work = budget_work(budget, args.prompt_len, args.completion_len or budget["max_new_tokens"],
+                       args.latents)
+    ideal = ideal_seconds(shape, work, gpu["bf16_flops"], gpu["bytes_per_s"])
+    print(f"paper budget on one {gpu['name']} (bf16, {gpu['bf16_flops'] / 1e12:.0f} TFLOP/s, "
+          f"{gpu['bytes_per_s'] / 1e12:.2f} TB/s), policy {args.policy}: "
+          f"{work['decode_rows']} completions of {work['decode_tokens'] // work['decode_rows']} "
+          f"tokens, prompts of {args.prompt_len} + {args.latents} context tokens")
+    for phase, (seconds, bound) in ideal.items():
+        print(f"  {phase:<10} {seconds:8.3f} s  ({bound})")
+    total = sum(s for s, _ in ideal.values())
+    print(f"  {'step':<10} {total:8.3f} s at the roofline; {budget['steps']} steps: "
+          f"{total * budget['steps'] / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()
