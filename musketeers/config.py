@@ -137,6 +137,10 @@ class TrainConfig:
     adapter_warmup_lr: float = opt(1e-3, cli=True, help="the adapter warm-up's learning rate")
     adapter_warmup_batch: int = opt(0, cli=True, help="train items per warm-up step (0 = the "
                                                       "prompts of one GRPO update)")
+    warmup_policy: bool = opt(
+        False, cli="--warmup-policy/--no-warmup-policy",
+        help="the warm-up fits the policy's LoRA beside φ, so the policy learns to read C; a "
+             "method without an adapter (Single) then gets the same supervised steps on its LoRA")
     # a different reward, named in reports (musketeers.tasks.scoring.EXTRACTIONS)
     extraction: str = opt("strict", cli=True,
                           help="how the graded answer is found: strict (the last "

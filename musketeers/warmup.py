@@ -42,20 +42,25 @@ def gold_nll(policy, adapter, data: SplitData, rows: torch.Tensor, device: str
 
 
 def warms_up(cfg: TrainConfig, adapter) -> bool:
-    """Whether this run's adapter gets the warm-up: it has one, and the method trains it."""
-    return (cfg.adapter_warmup > 0 and adapter is not None and methods.get(cfg.method).trains
-            and any(p.requires_grad for p in adapter.parameters()))
+    """Whether this run gets the warm-up: the method trains, and the run has an adapter that
+    learns or (``warmup_policy``) a LoRA, so that Single gets the supervised steps Ours does."""
+    learns = adapter is not None and any(p.requires_grad for p in adapter.parameters())
+    return (cfg.adapter_warmup > 0 and methods.get(cfg.method).trains
+            and (learns or cfg.warmup_policy))
 
 
 def warm_up_adapter(cfg: TrainConfig, policy, adapter, data: SplitData) -> list[dict[str, Any]]:
-    """``cfg.adapter_warmup`` AdamW steps on φ alone (lr ``adapter_warmup_lr``), a batch of
+    """``cfg.adapter_warmup`` AdamW steps on φ (lr ``adapter_warmup_lr``), a batch of
     ``adapter_warmup_batch`` train items each (0: one GRPO update's prompts); one metrics row
-    per step. The policy's weights, gradients and RNG are left as they were, so GRPO starts
-    where it would have."""
-    frozen = [p for p in policy.model.parameters() if p.requires_grad]
+    per step. The policy's LoRA is frozen meanwhile, or (``warmup_policy``) fitted beside φ
+    (alone where there is no adapter). GRPO's optimizer and RNG are left as they were."""
+    lora = [p for p in policy.model.parameters() if p.requires_grad]
+    frozen = [] if cfg.warmup_policy else lora
     for p in frozen:
         p.requires_grad_(False)
-    opt = torch.optim.AdamW(adapter.parameters(), lr=cfg.adapter_warmup_lr, weight_decay=0.0)
+    params = [*(adapter.parameters() if adapter is not None else ()),
+              *(lora if cfg.warmup_policy else ())]
+    opt = torch.optim.AdamW(params, lr=cfg.adapter_warmup_lr, weight_decay=0.0)
     g = torch.Generator().manual_seed(derived_seed(cfg.seed, _WARMUP_TAG))
     batch = cfg.adapter_warmup_batch or cfg.prompts_per_micro * cfg.grad_accum
     rows_out = []

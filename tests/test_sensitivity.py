@@ -266,6 +266,35 @@ def test_the_adapter_warm_up_fits_phi_alone_and_its_control_reads_its_own_vector
     assert not (tmp_path / "zero" / "warmup.jsonl").exists()
 
 
+def test_the_warm_up_can_fit_the_policys_lora_and_then_gives_single_the_same_steps(
+        planted_store, tmp_path: Path, one_thread):
+    """warmup_policy: the LoRA learns beside φ (the reader, not only what it reads), and a
+    method without an adapter gets the same supervised steps on its LoRA alone."""
+    from musketeers.build import build_components
+    from musketeers.planted import planted_config
+    from musketeers.warmup import warm_up_adapter, warms_up
+
+    for method in ("perceiver", "single"):
+        c = planted_config(method, 0, 1, planted_store, tmp_path / method, prompts_per_micro=8,
+                           group_size=2, adapter_warmup=5, adapter_warmup_lr=1e-2,
+                           warmup_policy=True)
+        data, policy, adapter = build_components(c, "train")
+        assert warms_up(c, adapter)
+        lora = {n: p.detach().clone() for n, p in policy.model.named_parameters()
+                if p.requires_grad}
+        phi = None if adapter is None else [p.detach().clone() for p in adapter.parameters()]
+        assert len(warm_up_adapter(c, policy, adapter, data)) == 5
+        moved = [n for n, p in policy.model.named_parameters()
+                 if n in lora and not torch.equal(p, lora[n])]
+        assert moved and all(p.requires_grad for n, p in policy.model.named_parameters()
+                             if n in lora), method
+        if phi is not None:
+            assert any(not torch.equal(a, b) for a, b in zip(adapter.parameters(), phi,
+                                                              strict=True))
+    off = planted_config("single", 0, 1, planted_store, tmp_path / "off", adapter_warmup=5)
+    assert not warms_up(off, None)  # without warmup_policy Single has nothing to warm up
+
+
 def test_the_channel_diagnostic_pairs_its_conditions_item_by_item():
     from musketeers.bench.channel import paired
 
