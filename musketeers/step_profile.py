@@ -39,9 +39,11 @@ def step_work(rollouts, n_context: int, passes: dict[str, int]) -> dict[str, int
     steps over ``decode_rows`` rows, ``decode_tokens`` rows × steps); ``decode_context``
     sums, over those steps and rows, the positions each decoded token attends to (what its
     KV-cache read scales with). A log-prob
-    pass (reference, loss forward, backward) runs [x ‖ C ‖ y] of the kept rows:
-    ``logprob_tokens`` tokens (``logprob_completion_tokens`` of them through the LM head) and
-    ``logprob_attention`` Σ n² over its sequences (``prefill_attention`` likewise), counted once
+    pass (reference, loss forward, backward) runs each kept group's prefix once and its G
+    completions against the prefix's KV: ``logprob_tokens`` tokens (``logprob_completion_tokens``
+    of them through the LM head) and ``logprob_attention`` the attended pairs in units of n²
+    (a prefix of p: p², a completion of c after it: 2cp + c²; ``prefill_attention`` Σ p²; the
+    head all prompts share, run once too, is not subtracted), counted once
     per pass of each kind in ``passes`` ({"reference": k, "forward": k}).
     """
     w = dict.fromkeys(("prefill_tokens", "prefill_attention", "decode_steps", "decode_rows",
@@ -59,11 +61,13 @@ def step_work(rollouts, n_context: int, passes: dict[str, int]) -> dict[str, int
         w["decode_context"] += sum(g * (steps * n + steps * (steps - 1) // 2) for n in prefix)
         keep = r.keep.tolist() if r.keep.numel() else []
         for b, k in enumerate(keep):
-            if k:
-                for c in r.completions[b * g:(b + 1) * g]:
-                    n = prefix[b] + len(c)
-                    w["logprob_tokens"] += n
-                    w["logprob_completion_tokens"] += len(c)
-                    w["logprob_attention"] += n * n
+            if k:  # the prefix once per group (its KV shared by the G rows), then each row
+                p = prefix[b]
+                w["logprob_tokens"] += p
+                w["logprob_attention"] += p * p
+                for c in map(len, r.completions[b * g:(b + 1) * g]):
+                    w["logprob_tokens"] += c
+                    w["logprob_completion_tokens"] += c
+                    w["logprob_attention"] += 2 * c * p + c * c
     w.update({f"{k}_passes": v for k, v in passes.items()})
     return w

@@ -11,8 +11,9 @@ policy's shape (``model_shape``):
 - sampling: the shared prefix [x ‖ C] once per group (compute: 2·P FLOPs per token plus
   attention), then decoding, where each step reads every weight once for all B·G rows plus
   each row's KV cache (memory), and does 2·P FLOPs per row (compute);
-- a log-prob pass (reference, loss forward): 2·P FLOPs per token, the LM head only on the
-  completion's tokens, causal attention 2·L·d·n² per sequence;
+- a log-prob pass (reference, loss forward): each group's prefix once, its G completions
+  against the prefix's KV (``musketeers.sharing``): 2·P FLOPs per token, the LM head only on
+  the completions' tokens, causal attention 2·L·d per unit of n² (``step_work``);
 - backward: the base weights are frozen (LoRA), so only input gradients flow: one forward's
   FLOPs, plus one more forward where gradient checkpointing recomputes activations.
 """
@@ -141,13 +142,15 @@ def budget_work(budget: dict[str, Any], prompt_len: int, completion_len: int,
     """One update's ``step_work`` for a budget, every completion ``completion_len`` tokens."""
     prompts, g = budget["prompts_per_micro"] * budget["grad_accum"], budget["group_size"]
     steps = completion_len
-    n, seq = prompt_len + latents, prompt_len + latents + completion_len
+    n = prompt_len + latents
     return {"prefill_tokens": prompts * n, "prefill_attention": prompts * n * n,
             "decode_steps": budget["grad_accum"] * steps, "decode_rows": prompts * g,
             "decode_tokens": prompts * g * steps,
             "decode_context": prompts * g * (steps * n + steps * (steps - 1) // 2),
-            "logprob_tokens": prompts * g * seq, "logprob_completion_tokens": prompts * g * steps,
-            "logprob_attention": prompts * g * seq * seq, "reference_passes": 1,
+            "logprob_tokens": prompts * (n + g * steps),
+            "logprob_completion_tokens": prompts * g * steps,
+            "logprob_attention": prompts * (n * n + g * (2 * steps * n + steps * steps)),
+            "reference_passes": 1,
             "forward_passes": 1}
 
 
