@@ -24,7 +24,7 @@ from musketeers.distributed import World
 from musketeers.planted import planted_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-TIMING = {"time_s"}
+TIMING = {"time_s", "phase_s", "work"}  # this rank's time, and the work it did
 # 2 prompts per micro-batch, 2 micro-batches: one rank runs both, each of 2 ranks one
 SIZES = dict(prompts_per_micro=2, grad_accum=2, group_size=4, max_new_tokens=2, beta=0.04,
              inner_iters=2, skip_no_signal=False, save_every=1)
