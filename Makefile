@@ -40,6 +40,11 @@ demo: install
 	$(MUSK) train --task "$(TASK)" --team $(TEAM) --budget smoke --policy smollm2 --run-dir runs/demo \
 		$(if $(wildcard runs/demo/config.yaml),--resume,)
 	$(MUSK) eval runs/demo --limit $(LIMIT)
+	@echo "demo: what these numbers show: the pipeline end to end (stored vectors, C, a GRPO"
+	@echo "  update, a graded evaluation). What they cannot: 3 smoke steps of SmolLM2-135M on"
+	@echo "  $(LIMIT) items leave exact near the untrained policy's, so nothing here says whether"
+	@echo "  experts help. Learning shows in the planted check next (a minute); the measured"
+	@echo "  comparisons, with their controls, are in reports/pocket/README.md."
 	$(MUSK) demo planted
 
 test: install
