@@ -90,6 +90,6 @@ def test_a_new_method_trains_evaluates_and_reports(tmp_path: Path):
     # table1.md holds the exact table, then the score table: one row each
     line, _ = [x for x in table1.splitlines() if x.startswith("| Mean pool (test)")]
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert "Planted (ours)" not in table1 and "planted (ours)" in table1
+    assert "Planted (ours)" in table1 and "planted (ours)" not in table1  # titled by its task
     assert cells[-2] not in ("—", "FAILED") and cells[-2][0].isdigit(), line
     assert "mean_pool" in report.read_text()
