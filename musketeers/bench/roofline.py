@@ -139,19 +139,17 @@ def shape_of_config(shape: dict[str, Any], element_bytes: int = 2) -> dict[str, 
 
 def budget_work(budget: dict[str, Any], prompt_len: int, completion_len: int,
                 latents: int) -> dict[str, int]:
-    """One update's ``step_work`` for a budget, every completion ``completion_len`` tokens."""
-    prompts, g = budget["prompts_per_micro"] * budget["grad_accum"], budget["group_size"]
-    steps = completion_len
-    n = prompt_len + latents
-    return {"prefill_tokens": prompts * n, "prefill_attention": prompts * n * n,
-            "decode_steps": budget["grad_accum"] * steps, "decode_rows": prompts * g,
-            "decode_tokens": prompts * g * steps,
-            "decode_context": prompts * g * (steps * n + steps * (steps - 1) // 2),
-            "logprob_tokens": prompts * (n + g * steps),
-            "logprob_completion_tokens": prompts * g * steps,
-            "logprob_attention": prompts * (n * n + g * (2 * steps * n + steps * steps)),
-            "reference_passes": 1,
-            "forward_passes": 1}
+    """One update's ``step_work`` for a budget, every completion ``completion_len`` tokens:
+    counted by ``step_work`` itself, on rollouts of that shape."""
+    from types import SimpleNamespace
+
+    from musketeers.step_profile import step_work
+
+    micro, g = budget["prompts_per_micro"], budget["group_size"]
+    rollout = SimpleNamespace(prompt_ids=[[0] * prompt_len] * micro,
+                              completions=[[0] * completion_len] * (micro * g),
+                              keep=torch.ones(micro, dtype=torch.bool))
+    return step_work([rollout] * budget["grad_accum"], latents, {"reference": 1, "forward": 1})
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -82,6 +82,12 @@ class Run:
         asked = self.config.get("dtype")
         return resolved or (None if asked in (None, "auto") else str(asked))
 
+    def trained_alike(self, other: Run) -> bool:
+        """Whether the two runs trained in one dtype (a run that recorded none counts as
+        alike: older runs ran one dtype per grid). bf16 and fp32 policies differ by more than a
+        method does at pocket scale, so runs that do not are never compared."""
+        return None in (self.dtype, other.dtype) or self.dtype == other.dtype
+
     def value(self, metric: str, no_context: bool = False) -> float | None:
         """A validation metric (``METRICS``) in percent, of eval.json or eval_no_context.json."""
         return eval_percent(self.eval_no_context if no_context else self.eval, metric)

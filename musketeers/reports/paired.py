@@ -131,8 +131,6 @@ def paired_cells(a: Cell, b: Cell) -> Paired | None:
     (the untrained policy, whose greedy evaluation has no seed) serves every seed of ``a``."""
     by_seed = {r.seed: r for r in b.graded}
     only = b.graded[0] if len(b.graded) == 1 else None
-    # a seed whose two runs trained in other dtypes is no pair (reports.verdict_table)
     files = [(r.path / eval_files()[1], other.path / eval_files()[1]) for r in a.graded
-             if (other := by_seed.get(r.seed, only)) is not None
-             and (None in (r.dtype, other.dtype) or r.dtype == other.dtype)]
+             if (other := by_seed.get(r.seed, only)) is not None and r.trained_alike(other)]
     return paired(files, a.metric)

@@ -97,13 +97,11 @@ def pair_by_seed(tested: Cell, control: Cell) -> list[tuple[Run, Run]]:
 
 
 def same_dtype(pairs: list[tuple[Run, Run]]) -> tuple[list[tuple[Run, Run]], set[str]]:
-    """The pairs whose two runs trained in one dtype, and the mismatches left out ("float32
-    vs bfloat16"): bf16 and fp32 policies differ by more than a method does at pocket scale,
-    so a difference across dtypes is no evidence about the method. A run that recorded no
-    dtype is kept (older runs ran one dtype per grid)."""
+    """The pairs whose two runs trained in one dtype (``Run.trained_alike``), and the
+    mismatches left out ("float32 vs bfloat16")."""
     kept, refused = [], set()
     for a, b in pairs:
-        if a.dtype is None or b.dtype is None or a.dtype == b.dtype:
+        if a.trained_alike(b):
             kept.append((a, b))
         else:
             refused.add(f"{a.dtype} vs {b.dtype}")
