@@ -10,24 +10,31 @@ roofline's model of the hardware.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 PHASES = ("sample", "reference", "forward", "backward", "optimizer")
 
 
 class PhaseClock:
-    """Seconds per phase, summed over a step's micro-batches and inner iterations."""
+    """Seconds per phase, summed over a step's micro-batches and inner iterations.
 
-    def __init__(self) -> None:
+    ``sync`` (``torch.cuda.synchronize`` on a GPU) runs at each phase's edges: kernels are
+    queued asynchronously, and without it a phase's work is billed to the next one that
+    waits for a result."""
+
+    def __init__(self, sync: Callable[[], None] | None = None) -> None:
         self.seconds = dict.fromkeys(PHASES, 0.0)
+        self.sync = sync or (lambda: None)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
+        self.sync()
         t0 = time.perf_counter()
         try:
             yield
         finally:
+            self.sync()
             self.seconds[name] += time.perf_counter() - t0
 
 

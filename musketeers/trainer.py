@@ -101,7 +101,7 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
     mine = world.shard(len(rows))
     if adapter is not None:
         adapter.train()
-    clock = PhaseClock()
+    clock = PhaseClock(torch.cuda.synchronize if policy.device.type == "cuda" else None)
     with clock.phase("sample"):
         rollouts = [sample(cfg, step, policy, adapter, data, rows[i:min(i + b, mine.stop)],
                            list(range(i, min(i + b, mine.stop))), fault, vector_source)
@@ -152,15 +152,14 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
             world.sum_grads(params)  # each rank's loss is its share of the update's: a sum
         losses.append(world.total(total))
         clip = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
-        t_opt = time.perf_counter()
-        norm = torch.nn.utils.clip_grad_norm_(params, clip)
-        if fault is not None:
-            norm = fault(step, "grad_norm", norm)
-        if not torch.isfinite(norm):
-            check_finite(step, _first_bad_grad(policy, adapter), norm)
-        norms.append(float(norm))
-        optimizer.step()
-        clock.seconds["optimizer"] += time.perf_counter() - t_opt
+        with clock.phase("optimizer"):
+            norm = torch.nn.utils.clip_grad_norm_(params, clip)
+            if fault is not None:
+                norm = fault(step, "grad_norm", norm)
+            if not torch.isfinite(norm):
+                check_finite(step, _first_bad_grad(policy, adapter), norm)
+            norms.append(float(norm))
+            optimizer.step()
     with warnings.catch_warnings():  # a skipped update still advances the lr schedule
         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
         scheduler.step()

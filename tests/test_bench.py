@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 import torch
@@ -294,3 +295,23 @@ def test_a_budgets_work_is_what_the_trainer_counts_for_such_a_step():
                                 completions=[[7] * 5] * 8) for _ in range(3)]
     counted = step_work(rollouts, 2, {"reference": 1, "forward": 1})
     assert budget_work(budget, 10, 5, 2) == counted
+
+
+def test_a_phase_clock_bills_queued_device_work_to_the_phase_that_queued_it():
+    """On a GPU kernels run after the call that queues them returns: without a sync at the
+    phase's edges, the next phase that waits for a result is billed for them."""
+    from musketeers.step_profile import PhaseClock
+
+    queued: list[float] = []
+
+    def sync() -> None:  # a stand-in for torch.cuda.synchronize: runs what was queued
+        while queued:
+            time.sleep(queued.pop())
+
+    for clock, billed_to in ((PhaseClock(sync), "sample"), (PhaseClock(), "forward")):
+        with clock.phase("sample"):
+            queued.append(0.05)  # returns at once, like a kernel launch
+        with clock.phase("forward"):
+            sync()  # the next phase reads a result
+        assert clock.seconds[billed_to] >= 0.05
+        assert clock.seconds[billed_to] > clock.seconds[({"sample", "forward"} - {billed_to}).pop()]

@@ -29,17 +29,21 @@ import torch
 from musketeers.bench.machine import median
 
 
-def copy_bandwidth(mib: int = 256, reps: int = 3, min_seconds: float = 0.5) -> list[float]:
+def copy_bandwidth(mib: int = 256, reps: int = 3, min_seconds: float = 0.5,
+                   device: str = "cpu") -> list[float]:
     """Bytes/s of ``dst.copy_(src)`` over ``mib`` MiB (read + write counted), per repetition:
     the memory roofline's slope."""
     n = mib * 2**20 // 4
-    src, dst = torch.rand(n), torch.empty(n)
+    src, dst = torch.rand(n, device=device), torch.empty(n, device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     dst.copy_(src)
+    sync()
     rates = []
     for _ in range(reps):
         k, t0 = 0, time.perf_counter()
-        while (elapsed := time.perf_counter() - t0) < min_seconds or k == 0:
+        while k == 0 or (elapsed := time.perf_counter() - t0) < min_seconds:
             dst.copy_(src)
+            sync()
             k += 1
         rates.append(2 * src.numel() * src.element_size() * k / elapsed)
     return rates
