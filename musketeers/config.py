@@ -32,7 +32,7 @@ CONTEXT_SCALES = ("init", "embedding")
 # overflow): refused with a line instead of a traceback deep inside torch
 SIZE_LIMITS = {"group_size": 1024, "latents": 4096, "d_model": 16384, "heads": 1024,
                "max_new_tokens": 131072, "prompts_per_micro": 4096, "grad_accum": 65536,
-               "inner_iters": 1024, "lora_r": 4096, "steps": 10_000_000,
+               "decode_prompts": 65536, "inner_iters": 1024, "lora_r": 4096, "steps": 10_000_000,
                "adapter_warmup": 10_000_000, "adapter_warmup_batch": 4096}
 
 
@@ -91,6 +91,10 @@ class TrainConfig:
     prompts_per_micro: int = opt(4, cli=True, help="prompts per micro-batch")
     grad_accum: int = opt(8, cli=True, help="micro-batches per update")
     group_size: int = opt(8, cli=True, help="G, completions per prompt")
+    # a GPU's decode step costs its kernel launches whatever the rows; decoding several
+    # micro-batches as one batch divides the steps (docs/benchmarks-history.md, 2026-11-26)
+    decode_prompts: int = opt(0, cli=True, help="prompts sampled as one batch "
+                              "(0: one micro-batch); each prompt's draws are its own either way")
     max_new_tokens: int = opt(128, cli=True, help="completion length limit")
     temperature: float = opt(1.0, cli=True, help="sampling temperature")
     beta: float = opt(0.04, cli=True, help="KL coefficient")
@@ -316,6 +320,8 @@ def validate(cfg: TrainConfig) -> None:
                 "latents", "d_model", "heads", "inner_iters", "lora_r", "save_every"):
         if getattr(cfg, key) < 1:
             raise UserError(f"config key '{key}' must be >= 1, got {getattr(cfg, key)}")
+    if cfg.decode_prompts < 0:
+        raise UserError(f"config key 'decode_prompts' must be >= 0, got {cfg.decode_prompts}")
     if not 0 <= cfg.seed < 2**32:  # numpy's seeding refuses anything else deep in the run
         raise UserError(f"config key 'seed' must be in [0, 2**32), got {cfg.seed}")
     for key, most in SIZE_LIMITS.items():

@@ -18,7 +18,7 @@ micro-batch:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,7 @@ from musketeers.config import TrainConfig
 from musketeers.data import SplitData, derived_seed
 from musketeers.distributed import World
 from musketeers.grpo import compute_advantages, zero_variance_groups
+from musketeers.step_profile import decode_batches
 
 # (step, tensor name, tensor) -> tensor: lets tests inject faults (NaN) at named points.
 FaultHook = Callable[[int, str, torch.Tensor], torch.Tensor]
@@ -139,37 +140,70 @@ def policy_score(item: Item, text: str, extraction: str = "strict") -> float:
     return float(score(item, text, extraction))
 
 
-def sample(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, rows: torch.Tensor,
-           positions: list[int], fault: FaultHook | None,
-           vector_source: VectorSource | None) -> Rollout:
-    """Pass 1: sample G completions for each prompt of ``rows`` (at ``positions`` of the
-    update) and score them."""
+def sample(cfg: TrainConfig, step: int, policy, adapter, data: SplitData,
+           chunks: list[tuple[torch.Tensor, list[int]]], fault: FaultHook | None,
+           vector_source: VectorSource | None) -> list[Rollout]:
+    """Pass 1: sample G completions for each prompt of each micro-batch ``(rows, positions
+    in the update)`` and score them; one Rollout per micro-batch.
+
+    Micro-batches decode together, ``cfg.decode_prompts`` prompts at a time (0: one
+    micro-batch): every prompt draws from its own stream and keeps its own C, so this
+    changes how many rows share a decode step, not what any row samples."""
     from musketeers.tasks import extract_answer
 
+    parts = [_prepare(cfg, step, policy, adapter, data, rows, positions, vector_source)
+             for rows, positions in chunks]
+    completions = _decode_together(cfg, step, policy, parts, [p for _, p in chunks])
+    g, eos, rollouts = cfg.group_size, set(policy.eos_ids), []
+    for part, comps in zip(parts, completions, strict=True):
+        texts = [policy.decode(c) for c in comps]
+        rewards = torch.tensor([[policy_score(it, texts[b * g + j], cfg.extraction)
+                                 for j in range(g)]
+                                for b, it in enumerate(part.items)], dtype=torch.float32)
+        if fault is not None:
+            rewards = fault(step, "rewards", rewards)
+        check_finite(step, "rewards", rewards)
+        rollouts.append(replace(
+            part, completions=comps, rewards=rewards,
+            ended=[bool(c) and c[-1] in eos for c in comps],
+            answered=[extract_answer(t, cfg.extraction) is not None for t in texts]))
+    return rollouts
+
+
+def _prepare(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, rows: torch.Tensor,
+             positions: list[int], vector_source: VectorSource | None) -> Rollout:
+    """A micro-batch's prompts and C, before anything is sampled."""
     items, vectors, router = data.batch(rows)
     if vector_source is not None:
         vectors = vector_source(items, rows)
-    prompt_ids = policy.encode_prompts(items)
     adapter_rng = seeded_rng(cfg.device, derived_seed(cfg.seed, _ADAPTER_TAG, step, positions[0]))
     with torch.no_grad():
         context, attention = adapter_context(adapter, vectors, router, cfg.device, adapter_rng)
-        completions = policy.generate(
-            prompt_ids, context, group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature, greedy=False,
-            generator=prompt_generators(cfg.seed, _SAMPLE_TAG, step, positions))
-    texts = [policy.decode(c) for c in completions]
-    g = cfg.group_size
-    rewards = torch.tensor([[policy_score(items[b], texts[b * g + j], cfg.extraction)
-                             for j in range(g)]
-                            for b in range(len(items))], dtype=torch.float32)
-    if fault is not None:
-        rewards = fault(step, "rewards", rewards)
-    check_finite(step, "rewards", rewards)
-    eos = set(policy.eos_ids)
-    return Rollout(items, vectors, router, prompt_ids, completions, rewards,
-                   ended=[bool(c) and c[-1] in eos for c in completions],
-                   answered=[extract_answer(t, cfg.extraction) is not None for t in texts],
-                   context=context, attention=attention, adapter_rng=adapter_rng)
+    return Rollout(items, vectors, router, policy.encode_prompts(items), [],
+                   torch.empty(0), [], [], context=context, attention=attention,
+                   adapter_rng=adapter_rng)
+
+
+def _decode_together(cfg: TrainConfig, step: int, policy, parts: list[Rollout],
+                     positions: list[list[int]]) -> list[list[list[int]]]:
+    """Each part's B·G completions, consecutive parts decoded as one batch of up to
+    ``cfg.decode_prompts`` prompts."""
+    out: list[list[list[int]]] = []
+    for batch in decode_batches([len(p.items) for p in parts], cfg.decode_prompts):
+        contexts = [parts[i].context for i in batch]
+        with torch.no_grad():
+            comps = policy.generate(
+                [p for i in batch for p in parts[i].prompt_ids],
+                None if contexts[0] is None else torch.cat(contexts),
+                group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
+                temperature=cfg.temperature, greedy=False,
+                generator=prompt_generators(cfg.seed, _SAMPLE_TAG, step,
+                                            [p for i in batch for p in positions[i]]))
+        for i in batch:
+            n = len(parts[i].items) * cfg.group_size
+            out.append(comps[:n])
+            comps = comps[n:]
+    return out
 
 
 def shuffle_within_groups(rewards: torch.Tensor, seed: int) -> torch.Tensor:

@@ -38,12 +38,26 @@ class PhaseClock:
             self.seconds[name] += time.perf_counter() - t0
 
 
-def step_work(rollouts, n_context: int, passes: dict[str, int]) -> dict[str, int]:
+def decode_batches(prompts: list[int], limit: int) -> list[list[int]]:
+    """Consecutive micro-batches (of ``prompts[i]`` prompts each) sampled as one batch: as
+    many as fit ``limit`` prompts (0: one each); a micro-batch is never split."""
+    batches: list[list[int]] = []
+    for i, n in enumerate(prompts):
+        if batches and sum(prompts[j] for j in batches[-1]) + n <= max(limit, 1):
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def step_work(rollouts, n_context: int, passes: dict[str, int],
+              decode_prompts: int = 0) -> dict[str, int]:
     """Token counts of one step's rollouts, as each phase processes them.
 
-    Sampling runs each group's prefix [x ‖ C] once (``prefill_tokens``), then decodes all of a
-    micro-batch's B·G rows together until the longest completion ends (``decode_steps``
-    steps over ``decode_rows`` rows, ``decode_tokens`` rows × steps); ``decode_context``
+    Sampling runs each group's prefix [x ‖ C] once (``prefill_tokens``), then decodes the B·G
+    rows of each decode batch (``decode_batches``: a micro-batch, or ``decode_prompts``
+    prompts' worth) together until its longest completion ends (``decode_steps`` steps over
+    ``decode_rows`` rows, ``decode_tokens`` rows × steps); ``decode_context``
     sums, over those steps and rows, the positions each decoded token attends to (what its
     KV-cache read scales with). A log-prob
     pass (reference, loss forward, backward) runs each kept group's prefix once and its G
@@ -56,16 +70,21 @@ def step_work(rollouts, n_context: int, passes: dict[str, int]) -> dict[str, int
     w = dict.fromkeys(("prefill_tokens", "prefill_attention", "decode_steps", "decode_rows",
                        "decode_tokens", "decode_context", "logprob_tokens",
                        "logprob_completion_tokens", "logprob_attention"), 0)
+    for batch in decode_batches([len(r.prompt_ids) for r in rollouts], decode_prompts):
+        steps = max((len(c) for i in batch for c in rollouts[i].completions), default=0)
+        for r in (rollouts[i] for i in batch):
+            g = len(r.completions) // max(1, len(r.prompt_ids))
+            prefix = [len(p) + n_context for p in r.prompt_ids]
+            w["decode_rows"] += len(r.completions)
+            w["decode_tokens"] += steps * len(r.completions)
+            w["decode_context"] += sum(g * (steps * n + steps * (steps - 1) // 2)
+                                       for n in prefix)
+        w["decode_steps"] += steps
     for r in rollouts:
         g = len(r.completions) // max(1, len(r.prompt_ids))
-        steps = max((len(c) for c in r.completions), default=0)
         prefix = [len(p) + n_context for p in r.prompt_ids]
         w["prefill_tokens"] += sum(prefix)
         w["prefill_attention"] += sum(n * n for n in prefix)
-        w["decode_steps"] += steps
-        w["decode_rows"] += len(r.completions)
-        w["decode_tokens"] += steps * len(r.completions)
-        w["decode_context"] += sum(g * (steps * n + steps * (steps - 1) // 2) for n in prefix)
         keep = r.keep.tolist() if r.keep.numel() else []
         for b, k in enumerate(keep):
             if k:  # the prefix once per group (its KV shared by the G rows), then each row

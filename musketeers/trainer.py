@@ -103,9 +103,9 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
         adapter.train()
     clock = PhaseClock(torch.cuda.synchronize if policy.device.type == "cuda" else None)
     with clock.phase("sample"):
-        rollouts = [sample(cfg, step, policy, adapter, data, rows[i:min(i + b, mine.stop)],
-                           list(range(i, min(i + b, mine.stop))), fault, vector_source)
-                    for i in range(mine.start, mine.stop, b)]
+        rollouts = sample(cfg, step, policy, adapter, data,
+                          [(rows[i:min(i + b, mine.stop)], list(range(i, min(i + b, mine.stop))))
+                           for i in range(mine.start, mine.stop, b)], fault, vector_source)
     any_kept, signal = assign_advantages(cfg, step, rollouts, world)
     # before the update, so it compares with this step's reward_mean (same weights, prompts)
     without_c = None
@@ -171,7 +171,7 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
     row["phase_s"] = clock.seconds
     row["work"] = step_work(rollouts, cfg.latents if adapter is not None else 0, {
         "reference": (int(cfg.beta > 0) + int(cfg.inner_iters > 1)) * bool(active),
-        "forward": iters * bool(active)})
+        "forward": iters * bool(active)}, cfg.decode_prompts)
     row["loss_zero_var_frac"] = float(np.mean(parts["zero_adv"])) if parts["zero_adv"] else None
     if parts["context_n"]:
         row.update(context_scale(parts["context_sq"], parts["context_n"], policy.embedding_rms))

@@ -315,3 +315,24 @@ def test_a_phase_clock_bills_queued_device_work_to_the_phase_that_queued_it():
             sync()  # the next phase reads a result
         assert clock.seconds[billed_to] >= 0.05
         assert clock.seconds[billed_to] > clock.seconds[({"sample", "forward"} - {billed_to}).pop()]
+
+
+def test_micro_batches_decoded_together_take_the_steps_of_their_longest_completion():
+    from types import SimpleNamespace
+
+    from musketeers.step_profile import decode_batches, step_work
+
+    def rollout(length: int) -> SimpleNamespace:  # 2 prompts of 10 tokens, G = 4
+        return SimpleNamespace(prompt_ids=[[1] * 10] * 2, keep=torch.ones(2, dtype=bool),
+                               completions=[[7] * length] * 8)
+
+    rollouts = [rollout(3), rollout(5), rollout(2)]
+    assert decode_batches([2, 2, 2], 0) == [[0], [1], [2]]
+    assert decode_batches([2, 2, 2], 4) == [[0, 1], [2]]  # never splits a micro-batch
+    alone, together = (step_work(rollouts, 0, {}, n) for n in (0, 6))
+    assert (alone["decode_steps"], together["decode_steps"]) == (3 + 5 + 2, 5)
+    assert together["decode_tokens"] == 5 * 24 and alone["decode_tokens"] == 8 * (3 + 5 + 2)
+    # each row attends to its prefix and what it decoded so far, for each step it runs
+    assert together["decode_context"] == 24 * (5 * 10 + 5 * 4 // 2)
+    for key in ("prefill_tokens", "decode_rows", "logprob_tokens", "logprob_attention"):
+        assert alone[key] == together[key], key

@@ -41,14 +41,15 @@ def _spy(record: list[dict[str, Any]]):
 
     real = trainer.sample
 
-    def sample(cfg, step, policy, adapter, data, rows, positions, *rest):
-        r = real(cfg, step, policy, adapter, data, rows, positions, *rest)
+    def sample(cfg, step, policy, adapter, data, chunks, *rest):
+        rollouts = real(cfg, step, policy, adapter, data, chunks, *rest)
         g = cfg.group_size
-        for b, pos in enumerate(positions):
-            record.append({"step": step, "position": pos,
-                           "completions": r.completions[b * g:(b + 1) * g],
-                           "rewards": r.rewards[b].tolist()})
-        return r
+        for (_, positions), r in zip(chunks, rollouts, strict=True):
+            for b, pos in enumerate(positions):
+                record.append({"step": step, "position": pos,
+                               "completions": r.completions[b * g:(b + 1) * g],
+                               "rewards": r.rewards[b].tolist()})
+        return rollouts
 
     trainer.sample = sample
     return real
@@ -180,6 +181,35 @@ def test_two_ranks_make_the_same_run_as_one(planted_store, one_rank, tmp_path):
     assert any(r["zero_var_frac"] < 1 for r in metrics(run1))
     assert_same_weights(run2, run1)
     assert json.loads((run2 / "inputs.json").read_text())["ranks"] == 2
+
+
+def test_an_update_decoded_as_one_batch_samples_what_its_micro_batches_sample(
+        planted_store, one_rank, tmp_path, monkeypatch):
+    """``decode_prompts`` sets how many rows share a decode step, not what any row draws."""
+    from dataclasses import replace
+
+    import musketeers.trainer as trainer
+    from musketeers.policy import Policy
+    from musketeers.trainer import train
+
+    run1, record1 = one_rank
+    batches: list[int] = []
+    generate = Policy.generate
+
+    def counted(self, prompt_ids, *args, **kwargs):
+        batches.append(len(prompt_ids))
+        return generate(self, prompt_ids, *args, **kwargs)
+
+    monkeypatch.setattr(Policy, "generate", counted)
+    record: list[dict[str, Any]] = []
+    real = _spy(record)
+    try:
+        train(replace(config(planted_store, tmp_path / "run"), decode_prompts=4))
+    finally:
+        trainer.sample = real
+    assert batches[:3] == [4, 4, 4]  # each update's 2 micro-batches of 2 prompts, together
+    assert by_prompt(record) == by_prompt(record1)
+    assert_same_rows(metrics(tmp_path / "run"), metrics(run1))
 
 
 def test_dead_rank_is_named_and_the_run_resumes_on_one_rank(planted_store, one_rank, tmp_path):

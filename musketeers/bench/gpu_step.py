@@ -65,7 +65,7 @@ def device_roofline(device: str) -> dict[str, float]:
 
 
 def measure(store: Path, run_root: Path, task: str, budget: str, shape: str, reps: int,
-            warmup: int, device: str = "cuda") -> dict[str, Any]:
+            warmup: int, device: str = "cuda", decode_prompts: int = 0) -> dict[str, Any]:
     """``warmup + reps`` steps of ``budget`` on the random ``shape``; phases vs the roofline."""
     from musketeers.bench.train_bench import run_steps
 
@@ -73,7 +73,8 @@ def measure(store: Path, run_root: Path, task: str, budget: str, shape: str, rep
     params = {"task": task, "cache_dir": str(store), "run_dir": str(run_root / budget),
               "device": device, "reps": reps, "warmup": warmup,
               "overrides": {"budget": budget, "roster": "tiny", "dtype": "bfloat16",
-                            "policy": f"{__name__}:random_policy", "skip_no_signal": False}}
+                            "policy": f"{__name__}:random_policy", "skip_no_signal": False,
+                            "decode_prompts": decode_prompts}}
     result = run_steps(params)
     result["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else 0
     if device == "cuda":
@@ -110,6 +111,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--case", action="append", default=None,
                    help="BUDGET=SHAPE (SHAPE a bench.gpu.PAPER_SHAPES key, or 'as-is' for the "
                         "folder's own config); default: pocket=as-is and paper=qwen2.5-3b")
+    p.add_argument("--decode-prompts", type=int, default=0,
+                   help="prompts sampled as one batch (the config field; 0: a micro-batch)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--out", type=Path, default=None)
@@ -123,10 +126,12 @@ def main(argv: list[str] | None = None) -> None:
           f"copy {roof['bytes_per_s'] / 1e12:.2f} TB/s (measured); random weights throughout")
     cases = args.case or ["pocket=as-is", "paper=qwen2.5-3b (random weights)"]
     out: dict[str, Any] = {"device": torch.cuda.get_device_name(), "roofline": roof,
+                           "decode_prompts": args.decode_prompts,
                            "torch": torch.__version__, "cases": {}}
     for case in cases:
         budget, _, shape = case.partition("=")
-        r = measure(args.store, args.runs, args.task, budget, shape, args.reps, args.warmup)
+        r = measure(args.store, args.runs, args.task, budget, shape, args.reps, args.warmup,
+                    decode_prompts=args.decode_prompts)
         out["cases"][case] = {**report(case, r, roof), "raw": r}
         if args.out:  # after each case: a later one that fails keeps the earlier figures
             args.out.write_text(json.dumps(out, indent=1, default=str))

@@ -153,7 +153,8 @@ def budget_work(budget: dict[str, Any], prompt_len: int, completion_len: int,
     rollout = SimpleNamespace(prompt_ids=[[0] * prompt_len] * micro,
                               completions=[[0] * completion_len] * (micro * g),
                               keep=torch.ones(micro, dtype=torch.bool))
-    return step_work([rollout] * budget["grad_accum"], latents, {"reference": 1, "forward": 1})
+    return step_work([rollout] * budget["grad_accum"], latents, {"reference": 1, "forward": 1},
+                     budget.get("decode_prompts", 0))
 
 
 def main(argv: list[str] | None = None) -> None:
