@@ -91,10 +91,8 @@ class TrainConfig:
     prompts_per_micro: int = opt(4, cli=True, help="prompts per micro-batch")
     grad_accum: int = opt(8, cli=True, help="micro-batches per update")
     group_size: int = opt(8, cli=True, help="G, completions per prompt")
-    # a GPU's decode step costs its kernel launches whatever the rows; decoding several
-    # micro-batches as one batch divides the steps (docs/benchmarks-history.md, 2026-11-26)
-    decode_prompts: int = opt(0, cli=True, help="prompts sampled as one batch "
-                              "(0: one micro-batch); each prompt's draws are its own either way")
+    # a GPU decode step costs its launches whatever the rows (benchmarks-history, 2026-11-26)
+    decode_prompts: int = opt(0, cli=True, help="prompts sampled as one batch (0: a micro-batch)")
     max_new_tokens: int = opt(128, cli=True, help="completion length limit")
     temperature: float = opt(1.0, cli=True, help="sampling temperature")
     beta: float = opt(0.04, cli=True, help="KL coefficient")
@@ -135,16 +133,13 @@ class TrainConfig:
         help="centre and scale each expert dimension by the train split's statistics "
              "before Eq. 6 (their shared direction otherwise dwarfs what differs by item)")
     # a lever beyond the paper: φ reads the experts before RL (musketeers.warmup)
-    adapter_warmup: int = opt(0, cli=True, help="teacher-forced steps that fit the adapter "
-                                                "alone to the train split's gold answers "
-                                                "before GRPO (0 = none, the paper's)")
+    adapter_warmup: int = opt(0, cli=True, help="teacher-forced steps fitting the adapter to "
+                              "the train split's gold answers before GRPO (0 = none, the paper's)")
     adapter_warmup_lr: float = opt(1e-3, cli=True, help="the adapter warm-up's learning rate")
     adapter_warmup_batch: int = opt(0, cli=True, help="train items per warm-up step (0 = the "
                                                       "prompts of one GRPO update)")
-    warmup_policy: bool = opt(
-        False, cli="--warmup-policy/--no-warmup-policy",
-        help="the warm-up fits the policy's LoRA beside φ, so the policy learns to read C; a "
-             "method without an adapter (Single) then gets the same supervised steps on its LoRA")
+    warmup_policy_lr: float = opt(0.0, cli=True, help="the warm-up also fits the LoRA beside φ "
+                                  "at this lr (0: frozen); Single then gets the same steps")
     # a different reward, named in reports (musketeers.tasks.scoring.EXTRACTIONS)
     extraction: str = opt("strict", cli=True,
                           help="how the graded answer is found: strict (the last "
@@ -337,8 +332,8 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.eval_limit is not None and cfg.eval_limit < 1:
         raise UserError(f"config key 'eval_limit' must be >= 1, got {cfg.eval_limit}")
     _one_of("context_scale", cfg.context_scale, CONTEXT_SCALES)
-    for key in ("beta", "lr", "adapter_lr", "adapter_warmup_lr", "weight_decay", "grad_clip",
-                "clip_low", "clip_high", "adam_eps", "temperature"):
+    for key in ("beta", "lr", "adapter_lr", "adapter_warmup_lr", "warmup_policy_lr",
+                "weight_decay", "grad_clip", "clip_low", "clip_high", "adam_eps", "temperature"):
         # NaN compares false with everything: one update with lr nan makes every weight NaN
         if not math.isfinite(getattr(cfg, key)) or getattr(cfg, key) < 0:
             raise UserError(f"config key '{key}' must be a finite number >= 0, got "

@@ -43,24 +43,27 @@ def gold_nll(policy, adapter, data: SplitData, rows: torch.Tensor, device: str
 
 def warms_up(cfg: TrainConfig, adapter) -> bool:
     """Whether this run gets the warm-up: the method trains, and the run has an adapter that
-    learns or (``warmup_policy``) a LoRA, so that Single gets the supervised steps Ours does."""
+    learns or (``warmup_policy_lr``) a LoRA, so that Single gets the supervised steps Ours does."""
     learns = adapter is not None and any(p.requires_grad for p in adapter.parameters())
     return (cfg.adapter_warmup > 0 and methods.get(cfg.method).trains
-            and (learns or cfg.warmup_policy))
+            and (learns or cfg.warmup_policy_lr > 0))
 
 
 def warm_up_adapter(cfg: TrainConfig, policy, adapter, data: SplitData) -> list[dict[str, Any]]:
     """``cfg.adapter_warmup`` AdamW steps on φ (lr ``adapter_warmup_lr``), a batch of
     ``adapter_warmup_batch`` train items each (0: one GRPO update's prompts); one metrics row
-    per step. The policy's LoRA is frozen meanwhile, or (``warmup_policy``) fitted beside φ
+    per step. The policy's LoRA is frozen meanwhile, or fitted beside φ at ``warmup_policy_lr``
     (alone where there is no adapter). GRPO's optimizer and RNG are left as they were."""
     lora = [p for p in policy.model.parameters() if p.requires_grad]
-    frozen = [] if cfg.warmup_policy else lora
+    fits_lora = cfg.warmup_policy_lr > 0
+    frozen = [] if fits_lora else lora
     for p in frozen:
         p.requires_grad_(False)
-    params = [*(adapter.parameters() if adapter is not None else ()),
-              *(lora if cfg.warmup_policy else ())]
-    opt = torch.optim.AdamW(params, lr=cfg.adapter_warmup_lr, weight_decay=0.0)
+    groups = [{"params": list(adapter.parameters()), "lr": cfg.adapter_warmup_lr}
+              ] if adapter is not None else []
+    if fits_lora:
+        groups.append({"params": lora, "lr": cfg.warmup_policy_lr})
+    opt = torch.optim.AdamW(groups, weight_decay=0.0)
     g = torch.Generator().manual_seed(derived_seed(cfg.seed, _WARMUP_TAG))
     batch = cfg.adapter_warmup_batch or cfg.prompts_per_micro * cfg.grad_accum
     rows_out = []

@@ -268,7 +268,7 @@ def test_the_adapter_warm_up_fits_phi_alone_and_its_control_reads_its_own_vector
 
 def test_the_warm_up_can_fit_the_policys_lora_and_then_gives_single_the_same_steps(
         planted_store, tmp_path: Path, one_thread):
-    """warmup_policy: the LoRA learns beside φ (the reader, not only what it reads), and a
+    """warmup_policy_lr: the LoRA learns beside φ (the reader, not only what it reads), and a
     method without an adapter gets the same supervised steps on its LoRA alone."""
     from musketeers.build import build_components
     from musketeers.planted import planted_config
@@ -277,7 +277,7 @@ def test_the_warm_up_can_fit_the_policys_lora_and_then_gives_single_the_same_ste
     for method in ("perceiver", "single"):
         c = planted_config(method, 0, 1, planted_store, tmp_path / method, prompts_per_micro=8,
                            group_size=2, adapter_warmup=5, adapter_warmup_lr=1e-2,
-                           warmup_policy=True)
+                           warmup_policy_lr=1e-2)
         data, policy, adapter = build_components(c, "train")
         assert warms_up(c, adapter)
         lora = {n: p.detach().clone() for n, p in policy.model.named_parameters()
@@ -292,7 +292,7 @@ def test_the_warm_up_can_fit_the_policys_lora_and_then_gives_single_the_same_ste
             assert any(not torch.equal(a, b) for a, b in zip(adapter.parameters(), phi,
                                                               strict=True))
     off = planted_config("single", 0, 1, planted_store, tmp_path / "off", adapter_warmup=5)
-    assert not warms_up(off, None)  # without warmup_policy Single has nothing to warm up
+    assert not warms_up(off, None)  # without warmup_policy_lr Single has nothing to warm up
 
 
 def test_the_channel_diagnostic_pairs_its_conditions_item_by_item():

@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--eval-items", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--warmup-policy", action="store_true",
-                    help="fit the policy's LoRA beside φ (warmup_policy)")
+    ap.add_argument("--warmup-policy-lr", type=float, default=0.0,
+                    help="fit the policy's LoRA beside φ at this lr (warmup_policy_lr; 0: frozen)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cfg = resolve_config(overrides=dict(
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
         dtype=args.dtype, seed=args.seed, run_dir="runs/channel",
         standardize_experts=args.standardize, pooling=args.pooling, adapter_warmup=args.steps,
         adapter_warmup_lr=args.lr, adapter_warmup_batch=args.batch,
-        warmup_policy=args.warmup_policy))
+        warmup_policy_lr=args.warmup_policy_lr))
     train, policy, adapter = build_components(cfg, "train")
     val, _, _ = build_components(cfg, "val", limit=args.eval_items,
                                  policy_factory=lambda _cfg: policy)
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
     out = {"task": args.task, "team": args.team, "steps": args.steps, "batch": args.batch,
            "lr": args.lr, "context_scale": args.context_scale, "eval_items": args.eval_items,
            "standardize": args.standardize, "pooling": args.pooling,
-           "warmup_policy": args.warmup_policy,
+           "warmup_policy_lr": args.warmup_policy_lr,
            "nll_first10": sum(nll[:10]) / 10, "nll_last10": sum(nll[-10:]) / 10}
     right = {m: greedy_exact(cfg, policy, adapter, val, args.eval_items, m)
              for m in ("own", "shuffled", "none")}
