@@ -96,15 +96,15 @@ def learns_claim(runs: list[Run], task: str, latents: int = DEFAULT_LATENTS) -> 
     if not base.values:
         return claim_line(text, None, "no untrained run", verdict=NO_CONTROL)
     u = base.mean
-    clears, parts = [], []
+    clears, parts, counts = [], [], ""
     for r in sorted(single.graded, key=lambda r: r.seed):
         one = Cell([r])
         noise, why = within_noise(one, base)
         clears.append(one.mean > u and not noise)
-        parts.append(f"seed {r.seed}: {one.mean:.2f} ({'+' if one.mean >= u else ''}"
-                     f"{one.mean - u:.2f}; {why})")
+        test, _, counts = why.partition(" (")  # every seed's counts alike: said once, below
+        parts.append(f"seed {r.seed}: {one.mean:.2f} ({test})")
     ahead = single.mean > u
-    detail = f"untrained {u:.2f}; " + "; ".join(parts)
+    detail = f"untrained {u:.2f}; " + "; ".join(parts) + (f" (each: {counts}" if counts else "")
     verdict = None
     if ahead and not all(clears):
         verdict = (f"holds on {sum(clears)} of {len(clears)} seeds only: within noise"
