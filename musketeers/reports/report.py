@@ -345,16 +345,10 @@ def write_report(grid: Grid, runs_dir: Path, reports_dir: Path,
             text = "— (no Perceiver run finished)"
         md.append(f"- {task_title(task)}: {text}")
     md += ["", "## Agreement with the paper", "",
-           "Findings, in exact (\"but within noise\": the difference is within 2 standard "
-           "errors of its noise, so it is no finding either way. Two evaluations are compared "
-           "item by item on the same validation items and seeds where their graded completions "
-           "were kept (the SE of the paired difference, or of the per-seed differences if "
-           "larger; a cell run on one seed against the spread of Ours' per-seed differences "
-           "from its shuffled-experts control if larger), else by two Bernoulli bounds; "
-           "sampled rewards by Bernoulli bounds; "
-           "routing by the spread over seeds;"
-           " each claim for Ours is stated against a control on the same seeds, and one "
-           "without its control run is \"not evidence\"):", "",
+           "Findings, in exact. \"Within noise\": the difference is at most 2 SE, no evidence "
+           "either way. The SE is the paired difference's over the same items and seeds "
+           "(Bernoulli bounds where completions were not kept; for one seed, the measured seed "
+           "spread where larger). A claim whose control did not run is \"not evidence\".", "",
            *paper_claims(runs, latents, {group_key(r.fields)["task"] for r in grid.runs}), "",
            "Cells (ours: exact; the paper's: its accuracy):", "", *cell_comparisons(runs, latents),
            "", "## Runs", "", *_runs_table(runs), ""]
