@@ -857,6 +857,10 @@ def test_names_groups_staleness_and_store_needs_follow_the_registry(tmp_path: Pa
     assert stale_fields(d, {**base, "method": "single", "adapter_lr": 1e-4, "steps": 3}) == {}
     assert stale_fields(d, {**base, "method": "single", "adapter_lr": 1e-3, "steps": 4}) == {
         "steps": (3, 4)}
+    # how many prompts share a decode step changes no prompt's samples: the same run
+    (d / "config.yaml").write_text(yaml.safe_dump({**base, "method": "single", "steps": 3,
+                                                   "decode_prompts": 0}))
+    assert stale_fields(d, {**base, "method": "single", "steps": 3, "decode_prompts": 32}) == {}
     path = tmp_path / "g.yaml"
     path.write_text(yaml.safe_dump({"budget": "t", "defaults": {"cache_dir": str(tmp_path)},
                                     "runs": [{"task": "logic", "team": "default", "method": [

@@ -20,8 +20,9 @@ from musketeers.runlog import eval_files
 log = logging.getLogger(__name__)
 
 # TrainConfig fields a finished run may differ in from the grid and still be its run: where
-# files live and what hardware ran it, not what was computed.
-NOT_STALE = ("run_dir", "cache_dir", "device", "threads")
+# files live and how the hardware ran it (each prompt samples alike in any decode batch), not
+# what was computed.
+NOT_STALE = ("run_dir", "cache_dir", "device", "threads", "decode_prompts")
 
 
 def stale_fields(run_dir: Path, cfg: Any) -> dict[str, tuple[Any, Any]]:
