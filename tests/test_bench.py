@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -336,3 +337,26 @@ def test_micro_batches_decoded_together_take_the_steps_of_their_longest_completi
     assert together["decode_context"] == 24 * (5 * 10 + 5 * 4 // 2)
     for key in ("prefill_tokens", "decode_rows", "logprob_tokens", "logprob_attention"):
         assert alone[key] == together[key], key
+
+
+def test_the_gpu_step_benchmark_trains_a_random_policy_of_the_shape_it_names(
+        tmp_path, monkeypatch):
+    """``bench.gpu_step`` on the CPU: the policy plugin builds random weights from a folder's
+    config, resized by a named shape (per-layer fields follow the new depth), and the real
+    training step runs on it against the fixture store."""
+    from musketeers.bench import gpu
+    from musketeers.bench import gpu_step as g
+    from musketeers.cache.experts import resolve_local
+    from musketeers.teams import expert_spec
+
+    folder = resolve_local(expert_spec("tiny-qwen2"))
+    monkeypatch.setenv(g.MODEL_DIR_ENV, folder)
+    monkeypatch.setitem(gpu.PAPER_SHAPES, "deeper", {"num_hidden_layers": 3})
+    store = Path(__file__).parent / "fixtures"
+    for shape, layers in (("as-is", 2), ("deeper", 3)):
+        r = g.measure(store, tmp_path / shape, "arithmetic", "smoke", shape, reps=1, warmup=0,
+                      device="cpu")
+        assert r["shape"]["layers"] == layers
+        assert len(r["step_s"]) == 1 and r["completion_len"] == [16.0]  # full length
+        (phases, work), = r["profile"]
+        assert work["forward_passes"] == 1 and phases["backward"] > 0  # no skipped update
