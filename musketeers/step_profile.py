@@ -70,19 +70,17 @@ def step_work(rollouts, n_context: int, passes: dict[str, int],
     w = dict.fromkeys(("prefill_tokens", "prefill_attention", "decode_steps", "decode_rows",
                        "decode_tokens", "decode_context", "logprob_tokens",
                        "logprob_completion_tokens", "logprob_attention"), 0)
+    groups = [len(r.completions) // max(1, len(r.prompt_ids)) for r in rollouts]
+    prefixes = [[len(p) + n_context for p in r.prompt_ids] for r in rollouts]
     for batch in decode_batches([len(r.prompt_ids) for r in rollouts], decode_prompts):
         steps = max((len(c) for i in batch for c in rollouts[i].completions), default=0)
-        for r in (rollouts[i] for i in batch):
-            g = len(r.completions) // max(1, len(r.prompt_ids))
-            prefix = [len(p) + n_context for p in r.prompt_ids]
-            w["decode_rows"] += len(r.completions)
-            w["decode_tokens"] += steps * len(r.completions)
-            w["decode_context"] += sum(g * (steps * n + steps * (steps - 1) // 2)
-                                       for n in prefix)
+        for i in batch:
+            w["decode_rows"] += len(rollouts[i].completions)
+            w["decode_tokens"] += steps * len(rollouts[i].completions)
+            w["decode_context"] += sum(groups[i] * (steps * n + steps * (steps - 1) // 2)
+                                       for n in prefixes[i])
         w["decode_steps"] += steps
-    for r in rollouts:
-        g = len(r.completions) // max(1, len(r.prompt_ids))
-        prefix = [len(p) + n_context for p in r.prompt_ids]
+    for r, g, prefix in zip(rollouts, groups, prefixes, strict=True):
         w["prefill_tokens"] += sum(prefix)
         w["prefill_attention"] += sum(n * n for n in prefix)
         keep = r.keep.tolist() if r.keep.numel() else []

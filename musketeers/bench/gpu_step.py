@@ -32,11 +32,13 @@ MODEL_DIR_ENV, SHAPE_ENV = "MUSKETEERS_RANDOM_POLICY_DIR", "MUSKETEERS_RANDOM_PO
 def random_policy(cfg):
     """A ``--policy module:function`` factory: the LoRA policy on random weights of the
     shape named by the environment (``MODEL_DIR_ENV``, ``SHAPE_ENV``)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from musketeers.cache.devices import resolve_dtype
+    from musketeers.cache.experts import load_tokenizer
     from musketeers.config import torch_dtype_name
     from musketeers.policy import Policy
+    from musketeers.teams import expert_spec
 
     folder = os.environ[MODEL_DIR_ENV]
     config = AutoConfig.from_pretrained(folder, local_files_only=True)
@@ -49,9 +51,7 @@ def random_policy(cfg):
     with torch.device(cfg.device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
     torch.set_rng_state(state)
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = load_tokenizer(expert_spec(folder))  # as every expert's and policy's
     return Policy(model, tokenizer, lora_r=cfg.lora_r, context_position=cfg.context_position)
 
 
