@@ -65,7 +65,7 @@ def context_claims(runs: list[Run], latents: int) -> list[str]:
             se = math.hypot(bernoulli_se(a, n), bernoulli_se(b, n)) if n else 0.0
             noise, why = two_se_clause(a, b, se, "reward", f"{n} completions each way") if n else (
                 False, "")
-            detail = f"{a:.3f} vs {b:.3f}" + (f"; {why}" if why else "")
+            detail = f"{a:.3f} vs {b:.3f}" + (f", {why}" if why else "")
         # no control samples without C while it trains (that would change its training
         # settings), so this one is uncontrolled; the held-out claim after it is not
         if ok:

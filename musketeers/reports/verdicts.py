@@ -65,14 +65,26 @@ def two_se_clause(a: float, b: float, se: float, unit: str, counts: str) -> tupl
 
 def claim_line(text: str, holds: bool | None, detail: str, noise: bool = False,
                verdict: str | None = None) -> str:
-    """One line: the claim, its verdict in bold (``verdict`` overrides the holds/noise one),
-    then why."""
+    """One bullet: the claim and its verdict in bold (``verdict`` overrides the holds/noise
+    one), then why, one sub-bullet per clause."""
     if verdict is None:
+        # a difference within noise is no finding either way, never a "holds" (nor equivalence)
         verdict = "cannot be checked (runs missing)" if holds is None else (
-            "holds here" if holds else "does NOT hold here")
-        if holds is not None and noise:
-            verdict += ", but within noise"
-    return f"- {text}: **{verdict}**{' — ' + detail if detail else ''}."
+            f"no evidence either way ({'ahead' if holds else 'behind'}, within noise)" if noise
+            else "holds here" if holds else "does NOT hold here")
+    return f"- {text}: **{verdict}**" + "".join(f"\n  - {c}" for c in clauses(detail))
+
+
+def clauses(detail: str) -> list[str]:
+    """``detail`` cut at its top-level "; " (never inside parentheses): one short line each,
+    so that a claim reads as a verdict and its evidence, not as one 600-character sentence."""
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(detail):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and detail.startswith("; ", i):
+            out.append(detail[start:i])
+            start = i + 2
+    return [c.strip() for c in [*out, detail[start:]] if c.strip()]
 
 
 def seeds_text(seeds: Iterable[int]) -> str:
@@ -90,4 +102,4 @@ def versus(ours: Cell, other: Cell, name: str, spread: SeedSpread | None = None
     a, b = ours.on(common), other.on(common)
     noise, why = within_noise(a, b, spread)
     return a.mean > b.mean, noise, (f"vs {name} ({seeds_text(common)}): {a.mean:.2f} vs "
-                                    f"{b.mean:.2f}" + (f"; {why}" if why else ""))
+                                    f"{b.mean:.2f}" + (f", {why}" if why else ""))
