@@ -132,10 +132,10 @@ def run_grid(
             result.skipped.append(run.name)
         else:
             todo.append((run, status))
-    log.info("grid %s: %d runs, %d finished, %d to do", grid.budget, len(grid.runs),
+    log.info("grid %s: %d runs, %d finished, %d to do", grid.name, len(grid.runs),
              len(result.skipped), len(todo))
     start, longest = time.monotonic(), 0.0
-    for i, (run, status) in enumerate(_progress(todo, f"ablate {grid.budget}")):
+    for i, (run, status) in enumerate(_progress(todo, f"ablate {grid.name}")):
         elapsed = time.monotonic() - start
         if hours is not None and elapsed + longest > hours * 3600:
             result.left = [r.name for r, _ in todo[i:]]
