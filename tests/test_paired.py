@@ -35,7 +35,7 @@ def test_paired_difference_and_its_standard_error(tmp_path: Path):
     # the control's C helps nowhere: the with/without verdict stands (here: noise)
     flat = _run(tmp_path, "k", {"a": 1, "b": 0, "c": 0, "d": 0}, {"a": 1, "b": 0, "c": 0, "d": 0})
     claim = _paired_claim("arithmetic", [run], [flat])
-    assert "**no evidence either way (ahead, within noise)**" in claim
+    assert "**no evidence either way (for it, within noise)**" in claim
 
 
 def test_pairing_is_what_makes_a_small_gain_a_finding(tmp_path: Path):

@@ -70,7 +70,7 @@ def claim_line(text: str, holds: bool | None, detail: str, noise: bool = False,
     if verdict is None:
         # a difference within noise is no finding either way, never a "holds" (nor equivalence)
         verdict = "cannot be checked (runs missing)" if holds is None else (
-            f"no evidence either way ({'ahead' if holds else 'behind'}, within noise)" if noise
+            f"no evidence either way ({'for' if holds else 'against'} it, within noise)" if noise
             else "holds here" if holds else "does NOT hold here")
     return f"- {text}: **{verdict}**" + "".join(f"\n  - {c}" for c in clauses(detail))
 
