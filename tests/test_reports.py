@@ -269,7 +269,7 @@ def test_wall_time_by_stage_projects_runs_not_done_from_done_ones(tmp_path: Path
     (runs_dir / "ledger-t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     def line(runs):
-        return wall_time_by_stage(grid, runs, runs_dir)[0].split("have done): ")[1]
+        return wall_time_by_stage(grid, runs, runs_dir)[0].split("\n  - ")[1]
 
     # every run done: 2 × (120 + 240 + 150) s, the interrupted call not counted
     assert line(agg.load_runs(runs_dir)) == "stage 1: 6 of 6 runs done in 0.28 h"
@@ -306,9 +306,9 @@ def test_wall_time_projection_scales_another_familys_runs_by_this_familys(tmp_pa
                     "seconds": next(v for k, v in cost.items() if f"t-{k}-" in run.name)})
         + "\n" for run in grid.runs))
     (runs_dir / "t-logic-perceiver-default-last-m8-s0" / "eval.json").unlink()
-    text = wall_time_by_stage(grid, agg.load_runs(runs_dir), runs_dir)[0]
+    text = wall_time_by_stage(grid, agg.load_runs(runs_dir), runs_dir)[0].split("\n  - ")[1]
     # 100 + 200 + 300 measured, and Logic's Ours at 200 × 300 / 100
-    assert text.endswith("stage 1: 3 of 4 runs done in 0.17 h, 0.33 h projected for all "
+    assert text == ("stage 1: 3 of 4 runs done in 0.17 h, 0.33 h projected for all "
                          "(1 from another family's runs of their kind)")
 
 
@@ -385,7 +385,7 @@ def test_report_states_how_much_learning_signal_the_runs_had(tmp_path: Path):
     assert "Learning signal: on average 10% of the sampled groups" in text  # fake: 0.1/step
     assert "at most the 50% the pocket regime was sized for" in text
     assert "0 of 30 updates were skipped" in text  # six runs of five steps, none skipped
-    assert "(by method: Ours (default team) 10%, Single 10%)" in text
+    assert "  - by method: Ours (default team) 10%, Single 10%\n" in text
     # fake: 0.04 of the groups solved by every sample, of the 0.1 with zero variance
     assert "of the 6 runs that logged it, 40% were solved by every sample (too easy)" in text
     assert "few informative groups" not in text and "without `skip_no_signal`" not in text
@@ -405,9 +405,10 @@ def test_report_states_how_much_learning_signal_the_runs_had(tmp_path: Path):
     assert "| 100% | 3.0 | 25 | 50 |" in row
     other = next(line for line in text.splitlines() if line.startswith(f"| {grid.runs[1].name} |"))
     assert "| 10% | " in other and " | — | — | " in other  # an eval.json without the counts
-    assert ("Answer format: of the greedy validation completions, 25% had an answer for the "
-            "scorer to grade under the run's extraction (lenient also takes a last line) "
-            "(25%–25% over 1 run with that count); 50% ran out of new tokens") in text
+    assert ("Answer format of the greedy validation completions" in text
+            and "\n  - 25% had an answer for the scorer to grade under the run's extraction "
+            "(lenient also takes a last line) (25%–25% over 1 run with that count)\n"
+            "  - 50% ran out of new tokens") in text
     # the tagged share is its own count (here: from eval.json, 0.75 of the answered)
     ev.write_text(json.dumps({**json.loads(ev.read_text()), "tagged": 0.125}))
     text = write_report(grid, runs_dir, tmp_path / "reports").read_text()

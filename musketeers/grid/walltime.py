@@ -14,6 +14,7 @@ from musketeers.config import TrainConfig
 from musketeers.grid.ledger import PHASES, ledger_path, run_seconds, totals
 from musketeers.gridspec import Grid
 from musketeers.reports.aggregate import Run, group_key
+from musketeers.reports.verdicts import bullet
 
 
 def measured_wall_time(runs_dir: Path, grid_name: str) -> list[str]:
@@ -21,15 +22,17 @@ def measured_wall_time(runs_dir: Path, grid_name: str) -> list[str]:
     t = totals(path)
     if not t:
         return []
-    parts = ", ".join(f"{p} {t[p] / 3600:.2f} h" for p in PHASES)
-    return [f"- Measured wall time of this grid's commands: {t['total']:.0f} s "
-            f"({t['total'] / 3600:.2f} h: {parts}), summed over every call in `{path.name}`, "
-            f"across interrupted and resumed invocations; {t['finished'] / 3600:.2f} h of it "
-            "in calls that finished (the rest was spent in calls that failed or were stopped)"
-            + (f"; not counted: {t['discarded']:.0f} s ({t['discarded'] / 3600:.2f} h) spent on "
-               "runs later set aside as stale (their settings changed; kept under "
-               "`runs/stale/`) and run again, and on stores computed again on a later machine"
-               if t.get("discarded") else "")]
+    items = [", ".join(f"{p} {t[p] / 3600:.2f} h" for p in PHASES),
+             f"{t['finished'] / 3600:.2f} h of it in calls that finished (the rest in calls "
+             "that failed or were stopped)"]
+    if t.get("discarded"):
+        items.append(f"not counted: {t['discarded']:.0f} s ({t['discarded'] / 3600:.2f} h) on "
+                     "runs later set aside as stale (their settings changed; kept under "
+                     "`runs/stale/`) and run again, and on stores computed again on a later "
+                     "machine")
+    return [bullet(f"Measured wall time of this grid's commands: {t['total']:.0f} s "
+                   f"({t['total'] / 3600:.2f} h), summed over every call in `{path.name}` "
+                   "across interrupted and resumed invocations", items)]
 
 
 def wall_time_by_stage(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]:
@@ -88,11 +91,13 @@ def wall_time_by_stage(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]
                 [f"{unknown} with no done run of their kind, not counted"] if unknown else [])
             text += f" ({'; '.join(notes)})" if notes else ""
         parts.append(text)
-    return ["- Wall time by stage (each done run's finished training and evaluation calls in "
-            "the ledger, on the machines that ran them; a run not done yet projected at the "
-            "mean of the done runs of its kind: family, steps, evaluations, whether it reads "
-            "experts; a kind not done in its family from another family's, scaled by the "
-            "kinds both have done): " + "; ".join(parts)]
+    return [bullet("Wall time by stage, from each done run's finished training and evaluation "
+                   "calls in the ledger, on the machines that ran them", [
+                       *parts,
+                       "a run not done yet is projected at the mean of the done runs of its "
+                       "kind (family, steps, evaluations, whether it reads experts); a kind "
+                       "not done in its family, from another family's, scaled by the kinds "
+                       "both have done"])]
 
 
 def wall_time_lines(grid: Grid, runs_dir: Path) -> Callable[[list[Run]], list[str]]:

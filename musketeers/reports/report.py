@@ -29,6 +29,7 @@ from musketeers.reports.tables import (
     tasks_of,
 )
 from musketeers.reports.verdict_table import verdict_markdown, verdict_rows
+from musketeers.reports.verdicts import bullet
 from musketeers.tasks.variants import task_title
 
 
@@ -164,11 +165,12 @@ def learning_signal(runs: list[Run]) -> list[str]:
         return answer_format(runs)
     fracs = [float(r.no_signal) for r in trained]
     mean = float(np.mean(fracs))
-    line = (f"- Learning signal: on average {mean:.0%} of the sampled groups had G equal "
-            f"rewards (zero advantage, no policy gradient), {min(fracs):.0%}–{max(fracs):.0%} "
-            f"across the {len(fracs)} finished trained run{'s' * (len(fracs) != 1)}; "
+    head = (f"Learning signal: on average {mean:.0%} of the sampled groups had G equal rewards "
+            "(zero advantage, no policy gradient), "
             + ("at most" if mean <= WEAK_SIGNAL else "above")
             + f" the {WEAK_SIGNAL:.0%} the pocket regime was sized for")
+    items = [f"{min(fracs):.0%}–{max(fracs):.0%} across the {len(fracs)} finished trained "
+             f"run{'s' * (len(fracs) != 1)}"]
     by_method: dict[str, list[float]] = {}
     for r in trained:
         name = r.spec.label if r.spec is not None else str(r.config.get("method"))
@@ -177,30 +179,30 @@ def learning_signal(runs: list[Run]) -> list[str]:
         by_method.setdefault(name, []).append(float(r.no_signal))
     if len(by_method) > 1:
         # a method that collapses drags the mean up: say which carry the share
-        line += " (by method: " + ", ".join(f"{k} {np.mean(v):.0%}"
-                                            for k, v in by_method.items()) + ")"
+        items.append("by method: " + ", ".join(f"{k} {np.mean(v):.0%}"
+                                               for k, v in by_method.items()))
     both = [(float(r.no_signal), s) for r in trained
             if (s := r.metric_mean("solved_frac")) is not None]
     if both and sum(z for z, _ in both) > 0:
         easy = sum(s for _, s in both) / sum(z for z, _ in both)
-        line += (f"; of the zero-variance groups of the {len(both)} run"
-                 f"{'s' * (len(both) != 1)} that logged it, {easy:.0%} were solved by every "
-                 "sample (too easy) and the rest scored alike below 1 (too hard)")
+        items.append(f"of the zero-variance groups of the {len(both)} run"
+                     f"{'s' * (len(both) != 1)} that logged it, {easy:.0%} were solved by "
+                     "every sample (too easy) and the rest scored alike below 1 (too hard)")
     skipped = [(r.updates_skipped, len(r.metrics)) for r in trained
                if r.updates_skipped is not None]
     if skipped:
-        line += (f"; {sum(k for k, _ in skipped)} of {sum(n for _, n in skipped)} updates "
-                 "were skipped because no group in them had signal")
+        items.append(f"{sum(k for k, _ in skipped)} of {sum(n for _, n in skipped)} updates "
+                     "were skipped because no group in them had signal")
     if mean > WEAK_SIGNAL:
-        line += ("; most samples carried no reward signal, so differences between methods "
-                 "rest on few informative groups: read them with the verdicts' noise bars")
+        items.append("most samples carried no reward signal, so differences between methods "
+                     "rest on few informative groups: read them with the verdicts' noise bars")
     unguarded = [r for r in trained if r.config.get("skip_no_signal") is False]
     if unguarded:
-        line += (f". {len(unguarded)} of these runs trained without `skip_no_signal`: on "
-                 "their updates without signal the KL term's gradient is all there is, and "
-                 "Adam scales even a tiny one to lr-sized steps, so their routing curves "
-                 "move without reward")
-    return [line, *answer_format(runs)]
+        items.append(f"{len(unguarded)} of these runs trained without `skip_no_signal`: on "
+                     "their updates without signal the KL term's gradient is all there is, "
+                     "and Adam scales even a tiny one to lr-sized steps, so their routing "
+                     "curves move without reward")
+    return [bullet(head, items), *answer_format(runs)]
 
 
 STOPPED_ANSWERING = 50  # % of greedy completions with an <answer>, below which a run is named
@@ -224,23 +226,22 @@ def answer_format(runs: list[Run]) -> list[str]:
                        "with that count)")
     if not out:
         return []
-    line = (f"- Answer format: of the greedy validation completions, {'; '.join(out)}. "
-            "A completion without an answer scores 0 whatever it says; each run's completions "
-            "are in its `eval_samples.jsonl`")
     silent = [f"{r.name} ({v:.0f}%)" for r in runs
               if (v := r.eval_share("answered")) is not None and v < STOPPED_ANSWERING]
     if silent:
         # such a policy gets reward 0 on every sample, so no update has signal again: its
         # exact measures the collapse, not what the method does with its experts
-        line += (f". Runs whose policy stopped answering (under {STOPPED_ANSWERING}% answered): "
-                 f"{', '.join(silent)}; their exact measures that collapse, not the method")
+        out.append(f"runs whose policy stopped answering (under {STOPPED_ANSWERING}% answered): "
+                   f"{', '.join(silent)}; their exact measures that collapse, not the method")
     rambling = [f"{r.name} ({v:.0f}%)" for r in runs
                 if (v := r.eval_share("truncated")) is not None and v > MOSTLY_TRUNCATED]
     if rambling:
-        line += (f". Runs whose greedy completions mostly ran out of new tokens (over "
-                 f"{MOSTLY_TRUNCATED}% truncated): {', '.join(rambling)}; a cut-off answer "
-                 "rarely scores, so their exact measures the lost answer format first")
-    return [line]
+        out.append(f"runs whose greedy completions mostly ran out of new tokens (over "
+                   f"{MOSTLY_TRUNCATED}% truncated): {', '.join(rambling)}; a cut-off answer "
+                   "rarely scores, so their exact measures the lost answer format first")
+    return [bullet("Answer format of the greedy validation completions (one without an answer "
+                   "scores 0 whatever it says; each run's are in its `eval_samples.jsonl`):",
+                   out)]
 
 
 def _old_evals(runs: list[Run]) -> list[str]:

@@ -152,8 +152,12 @@ def table2_cells(runs: list[Run], latents: int = DEFAULT_LATENTS, metric: str = 
 
 
 def _legend(metric: str) -> str:
-    return (f"Ours: {METRIC_TEXT[metric]}, mean ± sample std (ddof = 1) over seeds; "
-            f"{PAPER_METRIC}. unknown = the runs' eval.json predates this metric")
+    return f"Ours: {METRIC_TEXT[metric]}, mean ± sample std (ddof = 1) over seeds"
+
+
+def _notes(items: list[str]) -> str:
+    """A table's notes under it, one short line each, so its caption stays one line."""
+    return "".join(f"\n- {i}" for i in items if i) + "\n"
 
 
 def table1_markdown(runs: list[Run], latents: int = DEFAULT_LATENTS,
@@ -171,14 +175,15 @@ def table1_markdown(runs: list[Run], latents: int = DEFAULT_LATENTS,
             out += [cells[t].text(), paper_text(row.paper.get(t) if row.paper else None,
                                                 row.control)]
         lines.append(_row(out))
-    return (
-        f"**Table 1 ({metric}).** {_legend(metric)}. Last-token pooling, m = {latents}. "
-        "Paper: Qwen2.5-3B policy, 3 seeds; n/r = not reported in the paper; n/a = a control "
-        "(musketeers.methods), not in the paper; FAILED = every seed failed; — = not run. "
-        "The n in a row label is the paper's team size; a budget's own teams can differ "
-        "(see the report's team list)." + _variants_note(runs, tasks) + "\n\n"
-        + "\n".join(lines) + "\n"
-    )
+    return (f"**Table 1 ({metric}).** {_legend(metric)}; last-token pooling, m = {latents}."
+            "\n\n" + "\n".join(lines) + "\n" + _notes([
+                f"Paper: Qwen2.5-3B policy, 3 seeds; {PAPER_METRIC}.",
+                "n/r = not reported in the paper; n/a = a control (musketeers.methods), not in "
+                "the paper; FAILED = every seed failed; — = not run; unknown = the runs' "
+                "eval.json predates this metric.",
+                "The n in a row label is the paper's team size; a budget's own teams can "
+                "differ (see the report's team list).",
+                _variants_note(runs, tasks)]))
 
 
 def _variants_note(runs: list[Run], tasks: tuple[str, ...]) -> str:
@@ -188,7 +193,7 @@ def _variants_note(runs: list[Run], tasks: tuple[str, ...]) -> str:
             for t in tasks if (variants := cell(runs, task=t).variants)]
     if not held:
         return ""
-    return (" Our columns hold task variants, not the paper's items (" + "; ".join(held)
+    return ("Our columns hold task variants, not the paper's items (" + "; ".join(held)
             + "): the paper's numbers beside them are a reference, not a comparison.")
 
 
@@ -205,14 +210,13 @@ def table2_markdown(runs: list[Run], latents: int = DEFAULT_LATENTS,
     ]
     constant = [f"{label}: {', '.join(c.constant_experts)}" for label, c, _ in cells
                 if c.constant_experts]
-    note = ("\n\nSame vector for every item (a pooling that reads the chat template, not the "
+    note = ("Same vector for every item (a pooling that reads the chat template, not the "
             "prompt; the cell tests constant expert signatures, not prompt information) — "
             + "; ".join(constant) + ".") if constant else ""
-    return (
-        f"**Table 2 ({metric}).** Pooling ablation on Arithmetic (default team, m = "
-        f"{latents}). {_legend(metric)}.{note}\n\n"
-        + "\n".join(lines) + "\n"
-    )
+    return (f"**Table 2 ({metric}).** Pooling ablation on Arithmetic (default team, m = "
+            f"{latents}). {_legend(metric)}.\n\n" + "\n".join(lines) + "\n"
+            + _notes([f"{PAPER_METRIC[0].upper()}{PAPER_METRIC[1:]}; unknown = the runs' "
+                      "eval.json predates this metric.", note]))
 
 
 def _row(cells: list[str]) -> str:

@@ -72,7 +72,13 @@ def claim_line(text: str, holds: bool | None, detail: str, noise: bool = False,
         verdict = "cannot be checked (runs missing)" if holds is None else (
             f"no evidence either way ({'for' if holds else 'against'} it, within noise)" if noise
             else "holds here" if holds else "does NOT hold here")
-    return f"- {text}: **{verdict}**" + "".join(f"\n  - {c}" for c in clauses(detail))
+    return bullet(f"{text}: **{verdict}**", clauses(detail))
+
+
+def bullet(head: str, items: Iterable[str]) -> str:
+    """A report bullet: ``head`` on its line, then one indented sub-bullet per item, so that a
+    finding reads at a glance and its evidence stays one short line each."""
+    return f"- {head}" + "".join(f"\n  - {c}" for c in items)
 
 
 def clauses(detail: str) -> list[str]:
