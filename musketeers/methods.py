@@ -178,9 +178,11 @@ def _zero_context(dims: list[int], d_policy: int, o: dict[str, Any]) -> nn.Modul
     return ZeroContext(o["latents"], d_policy)
 
 
+# what only φ reads; the warm-up's steps and batch are not among them, since they also train
+# the LoRA of a method without φ when warmup_policy_lr > 0 (warmup.warms_up)
 _NO_C = ("pooling", "latents", "context_position", "d_model", "heads", "adapter_lr",
-         "context_scale", "standardize_experts", "adapter_warmup", "adapter_warmup_lr",
-         "adapter_warmup_batch")
+         "context_scale", "standardize_experts", "adapter_warmup_lr")
+_NO_WARMUP = ("adapter_warmup", "adapter_warmup_batch", "warmup_policy_lr")
 _VECTORS = frozenset({"vectors"})
 
 register(Method("perceiver", "Ours", _perceiver, _VECTORS, attention=True, routed=True,
@@ -204,10 +206,10 @@ register(Method("shuffled_reward", "Ours, shuffled reward (control)", _perceiver
 register(Method("zero_context", "Zero context (control)", _zero_context, _VECTORS,
                 control_of="perceiver",
                 ignores=("pooling", "context_position", "d_model", "heads", "adapter_lr",
-                         "context_scale", "standardize_experts", "adapter_warmup",
-                         "adapter_warmup_lr", "adapter_warmup_batch"),
+                         "context_scale", "standardize_experts", "adapter_warmup_lr"),
                 summary="C = 0 at every step, nothing in φ trains: Single with m more positions"))
-register(Method("untrained", "Single, untrained (baseline)", None, ignores=("team", *_NO_C),
+register(Method("untrained", "Single, untrained (baseline)", None,
+                ignores=("team", *_NO_C, *_NO_WARMUP),
                 control_of="single", trains=False, steps=1,
                 summary="the policy before any update (learning rates 0): what training adds to"))
 

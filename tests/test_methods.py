@@ -13,12 +13,14 @@ from torch import nn
 
 from musketeers import methods
 from musketeers.adapter import AdapterOutput, ExpertAlignment, OutputProjection
+from musketeers.config import TrainConfig
 from musketeers.evaluate import evaluate
 from musketeers.grid.run import run_grid
 from musketeers.gridspec import load_grid
 from musketeers.planted import planted_config, write_planted_store
 from musketeers.reports.report import write_report
 from musketeers.trainer import train
+from musketeers.warmup import warms_up
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -53,6 +55,22 @@ def test_registered_is_scoped():
         with pytest.raises(ValueError, match="already registered"):
             methods.register(MEAN_POOL)
     assert "mean_pool" not in methods.names()
+
+
+def test_no_method_ignores_a_warm_up_that_trains_it():
+    """A field a method ignores leaves its run's name, cell and staleness check; the warm-up's
+    steps train every trained method's LoRA once warmup_policy_lr > 0, Single's included, so
+    a run warmed up for 80 steps must never read as the same run warmed up for 0."""
+    warmed = []
+    for name in methods.names():
+        cfg = TrainConfig(method=name, adapter_warmup=5, warmup_policy_lr=1e-4)
+        if warms_up(cfg, None):
+            warmed.append(name)
+            assert not {"adapter_warmup", "adapter_warmup_batch", "warmup_policy_lr"} & set(
+                methods.ignored(name)), name
+        else:
+            assert "adapter_warmup" in methods.ignored(name), name
+    assert {"single", "perceiver", "zero_context"} <= set(warmed) and "untrained" not in warmed
 
 
 def test_a_new_method_trains_evaluates_and_reports(tmp_path: Path):

@@ -1109,3 +1109,18 @@ def test_figure5_training_reward_claim_is_no_evidence_without_a_control(tmp_path
     claims = paper_claims(agg.load_runs(tmp_path), 8)
     line = next(c for c in claims if "Arithmetic, reward with C exceeds" in c)
     assert "**no control run: not evidence**" in line and "0.900 vs 0.100" in line
+
+
+def test_what_was_run_names_the_supervised_warm_up_of_the_runs_that_had_one():
+    """The GRPO rates are not the whole story of a warmed-up grid: the report names the
+    warm-up, and leaves out the method it does not train (untrained: lr 0, no warm-up)."""
+    from musketeers.reports.report import _supervised_warmup
+
+    warm = {"adapter_warmup": 80, "adapter_warmup_batch": 8, "adapter_warmup_lr": 1e-3,
+            "warmup_policy_lr": 1e-4}
+    assert _supervised_warmup([{"method": "single", **warm}, {"method": "perceiver", **warm},
+                               {"method": "untrained", **warm}]) == [
+        "- Supervised warm-up before GRPO (gold answers; Single's without C): 80 steps of 8 "
+        "items, adapter lr 0.001, LoRA lr 0.0001"]
+    assert _supervised_warmup([{"method": "untrained", **warm},
+                               {"method": "perceiver", "adapter_warmup": 0}]) == []

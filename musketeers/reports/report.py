@@ -68,6 +68,17 @@ def _computed_in(runs: list[Run]) -> list[str]:
 WallTime = Callable[[list[Run]], list[str]]
 
 
+def _supervised_warmup(cfgs: list[dict]) -> list[str]:
+    """The supervised warm-up before GRPO, when the runs had one: it is most of what the
+    adapter learnt, so a reader must not take the GRPO rates above for the whole story."""
+    seen = sorted({(int(c["adapter_warmup"]), c.get("adapter_warmup_batch"),
+                    c.get("adapter_warmup_lr"), c.get("warmup_policy_lr"))
+                   for c in cfgs if c.get("adapter_warmup")
+                   and "adapter_warmup" not in ignored(c.get("method"))})
+    return [f"- Supervised warm-up before GRPO (gold answers; Single's without C): {n} steps "
+            f"of {b} items, adapter lr {a}, LoRA lr {p}" for n, b, a, p in seen]
+
+
 def _what_was_run(grid: Grid, runs: list[Run], wall_time: WallTime | None) -> list[str]:
     cfgs = [r.config for r in runs]
     def values(key: str) -> str:  # over the runs whose method reads the field
@@ -95,7 +106,9 @@ def _what_was_run(grid: Grid, runs: list[Run], wall_time: WallTime | None) -> li
         f"- Answer extraction: {values('extraction')}; new tokens: {values('max_new_tokens')}; "
         f"G: {values('group_size')}",
         f"- Learning rates: LoRA {values('lr')}, adapter {values('adapter_lr')} (runs that "
-        f"read C); β: {values('beta')}; warm-up steps: {values('warmup_steps')}",
+        f"read C); β: {values('beta')}; learning-rate warm-up steps: "
+        f"{values('warmup_steps')}",
+        *_supervised_warmup(cfgs),
         *_computed_in(runs),
         f"- Seeds: {values('seed')}; training steps per run: "
         f"{', '.join(map(str, steps)) or '—'}",
