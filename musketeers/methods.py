@@ -205,8 +205,7 @@ register(Method("shuffled_reward", "Ours, shuffled reward (control)", _perceiver
                 summary="Ours with rewards permuted within each update: signal without meaning"))
 register(Method("zero_context", "Zero context (control)", _zero_context, _VECTORS,
                 control_of="perceiver",
-                ignores=("pooling", "context_position", "d_model", "heads", "adapter_lr",
-                         "context_scale", "standardize_experts", "adapter_warmup_lr"),
+                ignores=tuple(f for f in _NO_C if f != "latents"),  # its m positions stay
                 summary="C = 0 at every step, nothing in φ trains: Single with m more positions"))
 register(Method("untrained", "Single, untrained (baseline)", None,
                 ignores=("team", *_NO_C, *_NO_WARMUP),

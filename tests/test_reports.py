@@ -309,7 +309,7 @@ def test_wall_time_projection_scales_another_familys_runs_by_this_familys(tmp_pa
     text = wall_time_by_stage(grid, agg.load_runs(runs_dir), runs_dir)[0].split("\n  - ")[1]
     # 100 + 200 + 300 measured, and Logic's Ours at 200 × 300 / 100
     assert text == ("stage 1: 3 of 4 runs done in 0.17 h, 0.33 h projected for all "
-                         "(1 from another family's runs of their kind)")
+                    "(1 from another family's runs of their kind)")
 
 
 def test_report_says_which_dtype_each_half_ran_in(tmp_path: Path):

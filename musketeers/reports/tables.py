@@ -31,6 +31,7 @@ METRIC_TEXT = {
     "score": "score (mean Reasoning Gym score of the greedy validation completions, %, "
              "with partial credit)",
 }
+UNKNOWN = "unknown = the runs' eval.json predates this metric"
 PAPER_METRIC = ("the paper's numbers are its \"accuracy\": Reasoning Gym's score, as far as "
                 "the paper says (it does not define it further)")
 
@@ -179,8 +180,7 @@ def table1_markdown(runs: list[Run], latents: int = DEFAULT_LATENTS,
             "\n\n" + "\n".join(lines) + "\n" + _notes([
                 f"Paper: Qwen2.5-3B policy, 3 seeds; {PAPER_METRIC}.",
                 "n/r = not reported in the paper; n/a = a control (musketeers.methods), not in "
-                "the paper; FAILED = every seed failed; — = not run; unknown = the runs' "
-                "eval.json predates this metric.",
+                f"the paper; FAILED = every seed failed; — = not run; {UNKNOWN}.",
                 "The n in a row label is the paper's team size; a budget's own teams can "
                 "differ (see the report's team list).",
                 _variants_note(runs, tasks)]))
@@ -215,8 +215,7 @@ def table2_markdown(runs: list[Run], latents: int = DEFAULT_LATENTS,
             + "; ".join(constant) + ".") if constant else ""
     return (f"**Table 2 ({metric}).** Pooling ablation on Arithmetic (default team, m = "
             f"{latents}). {_legend(metric)}.\n\n" + "\n".join(lines) + "\n"
-            + _notes([f"{PAPER_METRIC[0].upper()}{PAPER_METRIC[1:]}; unknown = the runs' "
-                      "eval.json predates this metric.", note]))
+            + _notes([f"{PAPER_METRIC[0].upper()}{PAPER_METRIC[1:]}; {UNKNOWN}.", note]))
 
 
 def _row(cells: list[str]) -> str:
