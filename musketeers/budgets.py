@@ -18,8 +18,10 @@ BUDGETS: dict[str, dict[str, Any]] = {
                    max_new_tokens=32, save_every=10, eval_limit=400, adapter_lr=1e-5,
                    dtype="auto"),
     # the paper: 500 steps, 4 x 8 = 32 prompts per update, G = 8, 128 new tokens; all 32
-    # prompts sampled as one batch, 4.0x the step on an H200 (BENCHMARKS.md, by hand)
+    # prompts sampled as one batch (4.0x the step on an H200), each decode step replayed as
+    # a CUDA graph (1.4x more on an H100; BENCHMARKS.md, "the paper step on one GPU")
     "paper": dict(steps=500, prompts_per_micro=4, grad_accum=8, group_size=8, decode_prompts=32,
+                  decode_graphs=True,
                   max_new_tokens=128, beta=0.04, lr=1e-4, adapter_lr=1e-4, weight_decay=0.01,
                   grad_clip=1.0, save_every=50, eval_limit=None, dtype="auto"),
 }

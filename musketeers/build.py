@@ -111,6 +111,7 @@ def build_components(cfg: TrainConfig, split: str, *, limit: int | None = None,
     data = load_split(cfg, split, expert_names_for(cfg), limit=limit)
     seed_everything(cfg.seed)
     policy = (policy_factory or build_policy)(cfg)
+    policy.decode_graphs = cfg.decode_graphs
     router_dim = int(data.router.shape[1]) if data.router is not None else 384
     target = policy.embedding_rms if cfg.context_scale == "embedding" else None
     try:

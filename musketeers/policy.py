@@ -37,6 +37,7 @@ equal those of each sequence alone.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, NamedTuple
 
 import torch
@@ -46,6 +47,7 @@ from torch import Tensor
 from musketeers.cache.backbone import pad
 from musketeers.cache.prompts import generation_prompt_len, render_prompt
 from musketeers.config import CONTEXT_POSITIONS
+from musketeers.decode_graph import decode_fixed, why_not_graphed
 from musketeers.policy_model import contiguous_input, target_modules, teacher_forced_attention
 from musketeers.sampling import CACHE_KW, decode, kv_cache, token_logprobs
 from musketeers.sharing import cache_rows, common_head, length_chunks
@@ -99,6 +101,8 @@ class Policy:
         # False: every prompt's tokens run and completions pad to the batch's longest, the
         # baseline ``python -m musketeers.bench --only sharing`` measures sharing against
         self.share = True
+        # on CUDA, with a model that allows it: ``decode_graph.decode_fixed`` (CUDA graphs)
+        self.decode_graphs = False
         self.generation_prompt_len = generation_prompt_len(tokenizer)
         emb = self.model.get_input_embeddings()
         self.embed_dim: int = emb.embedding_dim
@@ -222,7 +226,10 @@ class Policy:
         if max_new_tokens < 1:
             return [[] for _ in range(len(prompt_ids) * group_size)]
         pre, mask = self._shared_prefill(prompt_ids, context, group_size)
-        out = decode(
+        graphed = (self.decode_graphs and self.device.type == "cuda"
+                   and why_not_graphed(self.model, kv_cache(pre)) is None)
+        loop = partial(decode_fixed, graph=True) if graphed else decode
+        out = loop(
             self.model, pre.logits[:, -1].repeat_interleave(group_size, dim=0),
             kv_cache(pre), mask.repeat_interleave(group_size, dim=0),
             max_new_tokens=max_new_tokens, eos_ids=self.eos_ids, pad_id=self.pad_id,

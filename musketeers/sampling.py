@@ -37,6 +37,7 @@ def sample_tokens(
     generator: torch.Generator | list[torch.Generator] | None = None,
     rows: Tensor | None = None,
     n_rows: int | None = None,
+    u: Tensor | None = None,
 ) -> Tensor:
     """One token per row of ``logits`` [N, V]: argmax when ``greedy``, else a draw from
     softmax(logits / temperature), restricted to the smallest set of tokens whose probability
@@ -61,8 +62,10 @@ def sample_tokens(
         drop = (sorted_p.cumsum(-1) - sorted_p) >= top_p
         probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
     cdf = probs.cumsum(dim=-1)
-    u = uniforms(probs.shape[0] if n_rows is None else n_rows, generator)
-    u = (u if rows is None else u[rows.cpu()]).to(cdf.device)
+    if u is None:
+        u = uniforms(probs.shape[0] if n_rows is None else n_rows, generator)
+        u = u if rows is None else u[rows.cpu()]
+    u = u.to(cdf.device)
     idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True)
     return idx.squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 

@@ -65,7 +65,9 @@ def device_roofline(device: str) -> dict[str, float]:
 
 
 def measure(store: Path, run_root: Path, task: str, budget: str, shape: str, reps: int,
-            warmup: int, device: str = "cuda", decode_prompts: int = 0) -> dict[str, Any]:
+            warmup: int, device: str = "cuda", decode_prompts: int = 0,
+            decode_graphs: bool = False, extra: dict[str, int] | None = None
+            ) -> dict[str, Any]:
     """``warmup + reps`` steps of ``budget`` on the random ``shape``; phases vs the roofline."""
     from musketeers.bench.train_bench import run_steps
 
@@ -74,12 +76,49 @@ def measure(store: Path, run_root: Path, task: str, budget: str, shape: str, rep
               "device": device, "reps": reps, "warmup": warmup,
               "overrides": {"budget": budget, "roster": "tiny", "dtype": "bfloat16",
                             "policy": f"{__name__}:random_policy", "skip_no_signal": False,
-                            "decode_prompts": decode_prompts}}
+                            "decode_prompts": decode_prompts, "decode_graphs": decode_graphs,
+                            **(extra or {})}}
     result = run_steps(params)
     result["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else 0
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     return result
+
+
+def decode_check(shape: str, rows: int, prompt_len: int, new_tokens: int) -> dict[str, Any]:
+    """Greedy decoding of the same random prompts, eager (``sampling.decode``) and replayed
+    as CUDA graphs (``decode_graph.decode_fixed``): seconds per decode step, and the share of
+    tokens the two agree on (random weights give near-ties, where bf16's batch-shape noise
+    may pick another token and every later one in its row differs)."""
+    import time
+
+    from musketeers.config import TrainConfig
+
+    os.environ[SHAPE_ENV] = shape
+    policy = random_policy(TrainConfig(device="cuda", dtype="bfloat16", policy="plugin"))
+    policy.eos_ids = []  # every row runs to new_tokens: equal work
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(100, 30000, (rows, prompt_len), generator=g).tolist()
+    out: dict[str, Any] = {"shape": shape, "rows": rows, "prompt_len": prompt_len,
+                           "new_tokens": new_tokens}
+    for graphs in (False, True, False, True):  # twice each: the first of each warms up
+        policy.decode_graphs = graphs
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        tokens = policy.generate(prompts, None, group_size=1, max_new_tokens=new_tokens,
+                                 greedy=True)
+        torch.cuda.synchronize()
+        out["graphs_s" if graphs else "eager_s"] = time.perf_counter() - t0
+        out["graphs" if graphs else "eager"] = tokens
+    same = [a == b for x, y in zip(out.pop("eager"), out.pop("graphs"), strict=True)
+            for a, b in zip(x, y, strict=True)]
+    out["agree"] = sum(same) / len(same)
+    print(f"decode {shape}, {rows} rows × {new_tokens} tokens: eager {out['eager_s']:.2f} s, "
+          f"graphs {out['graphs_s']:.2f} s ({out['eager_s'] / out['graphs_s']:.1f}×); "
+          f"greedy tokens agree {out['agree']:.1%}")
+    del policy
+    torch.cuda.empty_cache()
+    return out
 
 
 def report(name: str, r: dict[str, Any], roof: dict[str, float]) -> dict[str, Any]:
@@ -113,6 +152,12 @@ def main(argv: list[str] | None = None) -> None:
                         "folder's own config); default: pocket=as-is and paper=qwen2.5-3b")
     p.add_argument("--decode-prompts", type=int, default=0,
                    help="prompts sampled as one batch (the config field; 0: a micro-batch)")
+    p.add_argument("--decode-graphs", action="store_true",
+                   help="replay each decode step as a CUDA graph (the config field)")
+    p.add_argument("--check-decode", type=int, default=0, metavar="ROWS",
+                   help="first compare eager and graphed greedy decoding on ROWS rows")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=N",
+                   help="an integer config field over the budget's (e.g. prompts_per_micro=32)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--out", type=Path, default=None)
@@ -127,11 +172,16 @@ def main(argv: list[str] | None = None) -> None:
     cases = args.case or ["pocket=as-is", "paper=qwen2.5-3b (random weights)"]
     out: dict[str, Any] = {"device": torch.cuda.get_device_name(), "roofline": roof,
                            "decode_prompts": args.decode_prompts,
-                           "torch": torch.__version__, "cases": {}}
+                           "decode_graphs": args.decode_graphs, "set": args.set,
+                           "torch": torch.__version__, "cases": {}, "decode_check": []}
+    for case in cases if args.check_decode else []:
+        out["decode_check"].append(decode_check(case.partition("=")[2], args.check_decode,
+                                                248, 128))
     for case in cases:
         budget, _, shape = case.partition("=")
         r = measure(args.store, args.runs, args.task, budget, shape, args.reps, args.warmup,
-                    decode_prompts=args.decode_prompts)
+                    decode_prompts=args.decode_prompts, decode_graphs=args.decode_graphs,
+                    extra={k: int(v) for k, _, v in (kv.partition("=") for kv in args.set)})
         out["cases"][case] = {**report(case, r, roof), "raw": r}
         if args.out:  # after each case: a later one that fails keeps the earlier figures
             args.out.write_text(json.dumps(out, indent=1, default=str))
