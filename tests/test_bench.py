@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from musketeers.bench import report as rp
-from musketeers.bench.precompute_bench import non_embedding_params
+from musketeers.bench.precompute_bench import non_embedding_params, summarize
 from musketeers.bench.train_bench import expert_flop_share
 
 
@@ -43,6 +43,19 @@ def test_expert_flop_share_matches_hand_count():
     policy = (2 + 2 + 4) * 1000 * (2 * (10 + 2) + 4 * 8)
     experts = 2 * 100 * 12 * 2 + 2 * 200 * 15 * 2
     assert expert_flop_share(r) == pytest.approx(experts / (experts + policy))
+
+
+@pytest.mark.parametrize(("ceiling", "share"), [("fp32", "50%"), ("bf16", "5%")])
+def test_precompute_fraction_is_of_its_own_dtypes_ceiling(ceiling, share):
+    # 2 · 1e6 params · 1000 tokens in 1 s = 2 GFLOP/s; ceilings fp32 4, bf16 40 GFLOP/s
+    r = {"expert": "x", "ceiling": ceiling, "tokens": 1000, "prompts": 10, "mean_len": 100,
+         "max_len": 120, "params_nonembed": 10**6, "fast_s": [1.0], "naive_s": [10.0]}
+    rep = rp.Report({}, {}, "cmd")
+    summarize(rep, r, {"fp32": [4e9], "bf16": [40e9]}, "precompute", {"x": 0.3})
+    flops_row = next(row for row in rep.rows if "achieved FLOP/s" in row.metric)
+    assert f"= {share} of {ceiling}" in flops_row.value
+    check = next(row for row in rep.rows if row.metric.endswith(f"of {ceiling} matmul"))
+    assert check.status == ("PASS" if ceiling == "fp32" else "MISS")
 
 
 def test_check_pass_miss_and_direction():

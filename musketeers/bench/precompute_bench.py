@@ -56,22 +56,29 @@ def naive_loop(model: torch.nn.Module, seqs: list[list[int]]) -> None:
         out.hidden_states[-1][0, -1].float().cpu()
 
 
-def paired_with_ceiling(fn, reps: int, device: str, label: str) -> tuple[list[float], list[float]]:
-    """Seconds per call of ``fn``, each paired with the bf16 matmul rate measured just before.
+def ceiling_key(dtype: torch.dtype) -> str:
+    """The ``matmul.ceilings`` entry a pass in ``dtype`` is a fraction of."""
+    return "bf16" if dtype == torch.bfloat16 else "fp32"
 
-    This CPU's bf16 rate drifts by 2× within minutes (442–1095 GFLOP/s seen in one hour;
-    shared host, AMX clocking), so a fraction taken against a ceiling measured once at the
-    start of the suite mostly measures the drift. Pairing each repetition with its own
-    ceiling makes the fraction a like-for-like ratio.
+
+def paired_with_ceiling(fn, reps: int, device: str, label: str,
+                        dtype: torch.dtype) -> tuple[list[float], list[float]]:
+    """Seconds per call of ``fn``, each paired with the matmul rate in ``dtype`` (the pass's
+    own) measured just before.
+
+    A CPU's bf16 rate drifted by 2× within minutes on a shared AMX host, so a fraction taken
+    against a ceiling measured once at the start mostly measures the drift; pairing each
+    repetition with its own ceiling makes it a like-for-like ratio. The ceiling is the pass's
+    dtype's: an fp32 pass against an emulated bf16 rate is no fraction of anything.
     """
     from musketeers.bench.matmul import matmul_flops
 
     times, ceils = [], []
     for r in range(reps):
-        ceils.append(matmul_flops(2048, torch.bfloat16, device, reps=1)[0])
+        ceils.append(matmul_flops(2048, dtype, device, reps=1)[0])
         times += repeat(fn, 1)
-        log.info("%s: repetition %d/%d took %.2f s (bf16 matmul %.0f GFLOP/s just before)",
-                 label, r + 1, reps, times[-1], ceils[-1] / 1e9)
+        log.info("%s: repetition %d/%d took %.2f s (%s matmul %.0f GFLOP/s just before)",
+                 label, r + 1, reps, times[-1], ceiling_key(dtype), ceils[-1] / 1e9)
     return times, ceils
 
 
@@ -108,15 +115,17 @@ def bench_expert(spec, items: list[Item], device: str, dtype: torch.dtype, reps:
 
     compute_rows(model, tok, items[:4], rows[:4], cfg)  # warm-up: allocator, kernel choice
     naive_loop(model, seqs[:2])
-    fast_s, fast_ceil = paired_with_ceiling(fast, reps, device, f"precompute {spec.name} batched")
+    fast_s, fast_ceil = paired_with_ceiling(fast, reps, device,
+                                            f"precompute {spec.name} batched", dtype)
     naive_s = repeat(naive, naive_reps, label=f"precompute {spec.name} naive")
     t0 = time.perf_counter()
     compute_rows(model, tok, items[:4], rows[:4], cfg, compiled)  # compiles the one graph
     compile_s = time.perf_counter() - t0
     compiled_s, compiled_ceil = paired_with_ceiling(fast_compiled, reps, device,
-                                                    f"precompute {spec.name} compiled")
+                                                    f"precompute {spec.name} compiled", dtype)
     result = {
         "expert": spec.name,
+        "ceiling": ceiling_key(dtype),
         "tokens": tokens,
         "prompts": len(items),
         "mean_len": tokens / len(items),
@@ -154,7 +163,7 @@ def summarize(report, r: dict[str, Any], ceil: dict[str, list[float]], section: 
         paths["compiled"] = median(r["compiled_s"])
         fractions["compiled"] = _fractions(r, "compiled", ceil)
     naive_tps = tokens / median(r["naive_s"])
-    fp32 = median(ceil["fp32"])
+    fp32, key = median(ceil["fp32"]), r.get("ceiling", "bf16")
     report.row(section, f"{name}: prompts × mean len", f"{r['prompts']} × {r['mean_len']:.0f} "
                f"(max {r['max_len']}), {r['params_nonembed'] / 1e6:.0f}M non-emb params")
     report.row(section, f"{name}: tokens/s {' | '.join(paths)} | naive",
@@ -162,27 +171,30 @@ def summarize(report, r: dict[str, Any], ceil: dict[str, list[float]], section: 
     for path, t in paths.items():
         flops = forward_flops(r["params_nonembed"], tokens) / t
         report.row(section, f"{name} ({path}): achieved FLOP/s", f"{flops / 1e9:.0f} GFLOP/s "
-                   f"= {median(fractions[path]):.0%} of bf16 (per-rep "
-                   f"{', '.join(f'{x:.0%}' for x in fractions[path])}), "
-                   f"{flops / fp32:.0%} of fp32 matmul")
+                   f"= {median(fractions[path]):.0%} of {key} (per-rep "
+                   f"{', '.join(f'{x:.0%}' for x in fractions[path])})"
+                   + ("" if key == "fp32" else f", {flops / fp32:.0%} of fp32 matmul"))
     label = "compiled" if "compiled" in paths else "eager"
     best = paths[label]
     target = next((v for k, v in targets.items() if k in name), None)
     if target is not None:
         # one decimal: a rounded "70 % ≥ 70 %: MISS" reads as a bug
-        report.check(section, f"{name} ({label}): of bf16 matmul", median(fractions[label]),
+        report.check(section, f"{name} ({label}): of {key} matmul", median(fractions[label]),
                      target, "{:.1%}")
     report.check(section, f"{name} ({label}): batched vs naive", tokens / best / naive_tps, 5.0,
                  "{:.1f}×")
 
 
 def _fractions(r: dict[str, Any], path: str, ceil: dict[str, list[float]]) -> list[float]:
-    """Achieved FLOP/s over the bf16 ceiling, per repetition: each against the ceiling measured
-    just before it when there is one, else against the suite's ceiling."""
+    """Achieved FLOP/s over the ceiling of the pass's dtype (the GPU's passes: bf16), per
+    repetition: each against the ceiling measured just before it when there is one, else
+    against the suite's."""
     n = forward_flops(r["params_nonembed"], r["tokens"])
-    ceilings = r.get(f"{path}_ceil") or [median(ceil["bf16"])] * len(r[f"{path}_s"])
+    key = r.get("ceiling", "bf16")
+    ceilings = r.get(f"{path}_ceil") or [median(ceil[key])] * len(r[f"{path}_s"])
     return [n / t / c for t, c in zip(r[f"{path}_s"], ceilings, strict=True)]
 
 
-# The throughput targets, as fractions of the measured bf16 matmul rate, by expert-name substring.
+# The throughput targets, as fractions of the measured matmul rate in the pass's dtype, by
+# expert-name substring.
 TARGETS = {"qwen2.5-coder-0.5b": 0.70, "smollm2": 0.50}
