@@ -83,6 +83,45 @@ def test_markdown_lists_every_repetition_and_keeps_attempts(tmp_path):
     assert "- tried X: predicted 2×, got 1.1×" in text and "# old" not in text
 
 
+def test_a_partial_run_keeps_the_other_sections_of_the_same_machine(tmp_path):
+    machine = {"cpu": "X", "physical_cores": 2, "logical_cpus": 2, "memory_gib": 8,
+               "gpu": "no GPU"}
+    order = ("matmul", "reads", "trl")
+    out = tmp_path / "BENCHMARKS.md"
+    full = rp.Report(machine, {}, "python -m musketeers.bench", sections=order, date="D1")
+    for sec, v in (("matmul", 1.0), ("reads", 2.0), ("trl", 3.0)):
+        full.measure(sec, "m", "s", [v])
+        full.row(sec, "r", f"old {sec}")
+    full.notes.append("trl: a note on the old trl rows")
+    rp.write_markdown(full, out, order)
+    part = rp.Report(machine, {}, "python -m musketeers.bench --only reads",
+                     sections=("reads",), date="D2")
+    part.measure("reads", "m", "s", [9.0])
+    part.row("reads", "r", "new reads")
+    rp.write_markdown(part, out, order)
+    text = out.read_text()
+    summary = text.split("## Summary")[1].split("## Raw")[0]
+    assert [ln.split("|")[3].strip() for ln in summary.splitlines() if ln.startswith("| ")][1:] \
+        == ["old matmul", "new reads", "old trl"]  # the new rows in the suite's order
+    assert "| reads | m | s | 9 | 9 |" in text and "| reads | m | s | 2 | 2 |" not in text
+    assert f"{rp.KEPT}matmul, trl: D1, `python -m musketeers.bench`" in text
+    assert "- trl: a note on the old trl rows" in text
+    # another run of the same part names the first full run, not the partial one
+    rp.write_markdown(part, out, order)
+    assert text.count(rp.KEPT) == out.read_text().count(rp.KEPT) == 1
+    assert f"{rp.KEPT}matmul, trl: D1," in out.read_text()
+    # a section measured later by a third run: each kept section names its own run
+    third = rp.Report(machine, {}, "--only trl", sections=("trl",), date="D3")
+    third.row("trl", "r", "newest trl")
+    rp.write_markdown(third, out, order)
+    assert f"{rp.KEPT}matmul: D1," in out.read_text()
+    assert f"{rp.KEPT}reads: D2, `python -m musketeers.bench --only reads`" in out.read_text()
+    # another machine's figures are not kept beside this one's
+    rp.write_markdown(rp.Report({**machine, "cpu": "Y"}, {}, "c", sections=("reads",)), out,
+                      order)
+    assert "old matmul" not in out.read_text() and rp.KEPT not in out.read_text()
+
+
 def test_si_prefixes():
     assert rp.si(1.5e11, "FLOP/s") == "150 GFLOP/s"
     assert rp.si(float("nan")) == "n/a"

@@ -121,3 +121,16 @@ def test_precompute_refuses_a_store_of_another_format_naming_its_rebuild(tmp_pat
         precompute_task(cache, "arithmetic", spec, {"train": make_items(3)}, [], cfg)
     assert f"--cache-dir {cache}" in str(err.value) and "\n" not in str(err.value)
     assert zarr.open_group(path, mode="r").attrs["format_version"] == layout.FORMAT_VERSION - 1
+
+
+def test_items_read_back_as_written_an_empty_gold_included(tmp_path: Path):
+    from dataclasses import replace
+
+    items = make_items(4)
+    items[1] = replace(items[1], answer="")  # a generated item whose gold is empty
+    items[2] = replace(items[2], answer=None)
+    root = st.open_root(st.store_path(tmp_path, TASK), TASK, {"v": 1}, force=True)
+    layout.write_items(root.require_group("train"), items, items_fingerprint(items), 4)
+    back = reader.read_items(tmp_path, TASK, "train")
+    assert back == items and items_fingerprint(back) == items_fingerprint(items)
+    assert back[1].answer is None  # an empty gold is no gold, the same before and after

@@ -288,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         ctx = {"threads": threads, "work": work}
         if "matmul" not in wanted and "precompute" in wanted:
             wanted.insert(0, "matmul")  # precompute's fractions need the ceiling
-        for name in (s for s in SECTIONS if s in wanted):
+        rep.sections = tuple(s for s in SECTIONS if s in wanted)
+        for name in rep.sections:
             log.info("bench section %s", name)
             try:
                 globals()[f"section_{name}"](rep, args, ctx)
@@ -297,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
                 rep.skip(name, "section", f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
         reads_fraction(rep, ctx)
     rp.print_table(rep)
-    rp.write_markdown(rep, args.out)
+    rp.write_markdown(rep, args.out, SECTIONS)
     log.info("wrote %s", args.out)
     return 0
 

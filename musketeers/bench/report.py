@@ -2,7 +2,9 @@
 
 A :class:`Measure` keeps every repetition (the markdown lists them all); a :class:`Row` is one
 line of the summary table: a figure, its target and PASS/MISS (or a note when it was skipped).
-The hand-written "Measured by hand" section of an existing BENCHMARKS.md is kept across runs.
+The hand-written "Measured by hand" section of an existing BENCHMARKS.md is kept across runs,
+and so are the rows of the sections a run left out (``--only``), when the same machine wrote
+them: the summary then holds each section's latest figures, each with the run that took them.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 from musketeers.bench.machine import median
 
 ATTEMPTS_MARK = "## Measured by hand"
+KEPT = "- kept from an earlier run on this machine, "
 
 
 @dataclass
@@ -44,6 +47,7 @@ class Report:
     machine: dict[str, Any]
     versions: dict[str, str]
     command: str
+    sections: tuple[str, ...] = ()  # the sections this run measured, in the suite's order
     date: str = field(default_factory=lambda: dt.datetime.now().isoformat(timespec="seconds"))
     measures: list[Measure] = field(default_factory=list)
     rows: list[Row] = field(default_factory=list)
@@ -95,11 +99,78 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
-def to_markdown(report: Report, attempts: str = "") -> str:
-    m = report.machine
+def machine_line(m: dict[str, Any]) -> str:
     flags = f"avx512_bf16={'yes' if m.get('avx512_bf16') else 'no'}, " \
             f"amx_bf16={'yes' if m.get('amx_bf16') else 'no'}"
+    return (f"- machine: {m.get('cpu')}, {m.get('physical_cores')} physical cores "
+            f"({m.get('logical_cpus')} logical), {m.get('memory_gib')} GiB, {flags}; "
+            f"GPU: {m.get('gpu')}")
+
+
+def _table_rows(text: str, heading: str) -> list[str]:
+    """The body lines of the first table under ``heading`` in ``text``."""
+    i = text.find(f"\n{heading}\n")
+    if i < 0:
+        return []
+    rows: list[str] = []
+    for line in text[i:].splitlines()[2:]:
+        if line.startswith("|"):
+            rows.append(line)
+        elif rows:
+            break
+    return rows[2:]  # below the header and its rule
+
+
+def _section_of(line: str) -> str:
+    return line.split("|")[1].strip()
+
+
+def kept_rows(report: Report, old: str) -> dict[str, Any]:
+    """What an earlier BENCHMARKS.md measured in sections this run left out: its summary, raw
+    and note lines and, per section, the run that took them. Nothing when another machine
+    wrote it: figures from two machines in one table would read as one machine's."""
+    lines = old.splitlines()
+    if machine_line(report.machine) not in lines:
+        return {"summary": [], "raw": [], "notes": [], "provenance": []}
+    summary = [r for r in _table_rows(old, "## Summary")
+               if _section_of(r) not in report.sections]
+    kept = list(dict.fromkeys(_section_of(r) for r in summary))
+    date = next((x.removeprefix("- date: ") for x in lines if x.startswith("- date: ")), "?")
+    cmd = next((x.removeprefix("- command: ") for x in lines if x.startswith("- command: ")), "?")
+    # per section, the run that took it: "sections: date, `command`"
+    source = {sec: run for x in lines if x.startswith(KEPT)
+              for secs, run in [x.removeprefix(KEPT).split(": ", 1)] for sec in secs.split(", ")}
+    runs: dict[str, list[str]] = {}
+    for sec in kept:
+        runs.setdefault(source.get(sec, f"{date}, {cmd}"), []).append(sec)
+    return {
+        "summary": summary,
+        "raw": [r for r in _table_rows(old, "## Raw figures") if _section_of(r) in kept],
+        "notes": [x for x in lines if x.startswith("- ") and x[2:].split(":", 1)[0] in kept
+                  and not x.startswith(KEPT)],
+        "provenance": [f"{KEPT}{', '.join(secs)}: {run}" for run, secs in runs.items()],
+    }
+
+
+def _merged(new: str, old: list[str], order: tuple[str, ...]) -> str:
+    """``new`` (a table) with ``old`` body lines added, every row in the suite's section order
+    (a stable sort: within a section, rows keep their order)."""
+    head, body = new.splitlines()[:2], new.splitlines()[2:] + old
+    rank = {s: i for i, s in enumerate(order)}
+    body.sort(key=lambda r: rank.get(_section_of(r), len(rank)))
+    return "\n".join(head + body)
+
+
+def to_markdown(report: Report, attempts: str = "", old: str = "",
+                order: tuple[str, ...] = ()) -> str:
+    kept = kept_rows(report, old) if old and report.sections else {
+        "summary": [], "raw": [], "notes": [], "provenance": []}
     vers = ", ".join(f"{k} {v}" for k, v in report.versions.items())
+    summary = md_table(["section", "metric", "value", "target", "status"],
+                       [[r.section, r.metric, r.value, r.target, r.status] for r in report.rows])
+    raw = md_table(["section", "measure", "unit", "median", "repetitions"],
+                   [[x.section, x.name, x.unit, _fmt(x.median), ", ".join(_fmt(v) for v in x.reps)]
+                    for x in report.measures])
     parts = [
         "# Benchmarks",
         "",
@@ -108,25 +179,22 @@ def to_markdown(report: Report, attempts: str = "") -> str:
         "",
         f"- date: {report.date}",
         f"- command: `{report.command}`",
-        f"- machine: {m.get('cpu')}, {m.get('physical_cores')} physical cores "
-        f"({m.get('logical_cpus')} logical), {m.get('memory_gib')} GiB, {flags}; "
-        f"GPU: {m.get('gpu')}",
+        *kept["provenance"],
+        machine_line(report.machine),
         f"- versions: {vers}",
         "",
         "## Summary",
         "",
-        md_table(["section", "metric", "value", "target", "status"],
-                 [[r.section, r.metric, r.value, r.target, r.status] for r in report.rows]),
+        _merged(summary, kept["summary"], order),
         "",
         "## Raw figures",
         "",
-        md_table(["section", "measure", "unit", "median", "repetitions"],
-                 [[x.section, x.name, x.unit, _fmt(x.median), ", ".join(_fmt(v) for v in x.reps)]
-                  for x in report.measures]),
+        _merged(raw, kept["raw"], order),
         "",
     ]
-    if report.notes:
-        parts += ["## Notes", ""] + [f"- {n}" for n in report.notes] + [""]
+    notes = [f"- {n}" for n in report.notes] + kept["notes"]
+    if notes:
+        parts += ["## Notes", ""] + notes + [""]
     parts.append(attempts.strip() + "\n" if attempts.strip() else
                  f"{ATTEMPTS_MARK}\n\n(none recorded yet)\n")
     return "\n".join(parts)
@@ -141,8 +209,9 @@ def kept_attempts(path: Path) -> str:
     return text[i:] if i >= 0 else ""
 
 
-def write_markdown(report: Report, path: Path) -> None:
-    text = to_markdown(report, kept_attempts(path))
+def write_markdown(report: Report, path: Path, order: tuple[str, ...] = ()) -> None:
+    old = path.read_text() if path.is_file() else ""
+    text = to_markdown(report, kept_attempts(path), old.split(ATTEMPTS_MARK)[0], order)
     tmp = path.with_suffix(".md.tmp")
     tmp.write_text(text)
     tmp.replace(path)
