@@ -23,12 +23,6 @@ class Item:
     entry: str
     source: str
 
-    def __post_init__(self) -> None:
-        # an empty gold is no gold: the store keeps one empty cell for both, and a row must
-        # read back as the item the task generated
-        if self.answer == "":
-            object.__setattr__(self, "answer", None)
-
     def to_dict(self) -> dict:
         return asdict(self)
 

@@ -40,6 +40,7 @@ BATCH_TOKENS = 8192  # precompute's default padded tokens per forward batch
 SPLITS: tuple[str, ...] = ("train", "val")  # every store, every task
 ITEMS = "items"
 ITEM_FIELDS = ("id", "question", "system", "answer", "entry", "source")
+EMPTY_ANSWERS = "empty_answers"  # items attr: rows whose gold is "" rather than None
 EXPERTS, ROUTER = "experts", "router"  # the containers of units in a split
 ROUTER_ENCODER = "all-minilm-l6-v2"
 EXPERT_ARRAYS = ("last", "first", "random", "layers_last", "layers_mean", "random_pos",
@@ -155,7 +156,10 @@ def write_items(split_group: zarr.Group, items: list[Item], fingerprint: str, ch
     """Items of a split, written once per store, every chunk file (``dense_writes``: an empty
     string is the fill value); their digests, then ``items_fingerprint``, are set last."""
     g = split_group.require_group(ITEMS)
-    g.attrs.update({"n": len(items), "items_fingerprint": None})
+    g.attrs.update({"n": len(items), "items_fingerprint": None,
+                    # a gold that is the empty string (a string task's right answer can be)
+                    # and no gold share the column's one empty cell: these rows hold the former
+                    EMPTY_ANSWERS: [i for i, it in enumerate(items) if it.answer == ""]})
     with dense_writes():
         for f in ITEM_FIELDS:
             values = np.array([getattr(it, f) or "" for it in items], dtype=object)

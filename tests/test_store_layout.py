@@ -133,4 +133,4 @@ def test_items_read_back_as_written_an_empty_gold_included(tmp_path: Path):
     layout.write_items(root.require_group("train"), items, items_fingerprint(items), 4)
     back = reader.read_items(tmp_path, TASK, "train")
     assert back == items and items_fingerprint(back) == items_fingerprint(items)
-    assert back[1].answer is None  # an empty gold is no gold, the same before and after
+    assert back[1].answer == "" and back[2].answer is None  # a gold of "" is not no gold
