@@ -118,7 +118,7 @@ def read_items(cache_dir: str | Path, task: str, split: str) -> list[Item]:
     cols = {f: _read(g[f], cache_dir, task, f"{g.path}/{f}") for f in layout.ITEM_FIELDS}
     empty = set(g.attrs.get(layout.EMPTY_ANSWERS, []))
     return [
-        Item(**{f: str(cols[f][i]) or ("" if i in empty else None) if f == "answer"
+        Item(**{f: (str(cols[f][i]) or ("" if i in empty else None)) if f == "answer"
                 else str(cols[f][i]) for f in layout.ITEM_FIELDS})
         for i in range(n)
     ]

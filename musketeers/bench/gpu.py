@@ -40,7 +40,7 @@ def random_model(shape: dict[str, Any], dtype: torch.dtype):
 def bench_gpu_expert(name: str, lengths: list[int], reps: int, naive_reps: int
                      ) -> dict[str, Any]:
     """Batched backbone (the precompute path, token budget 32k) vs the naive loop, on CUDA."""
-    from musketeers.bench.precompute_bench import naive_loop, non_embedding_params
+    from musketeers.bench.precompute_bench import ceiling_key, naive_loop, non_embedding_params
     from musketeers.cache.backbone import Backbone, forward_pool, length_batches
 
     model = random_model(PAPER_SHAPES[name], torch.bfloat16)
@@ -59,7 +59,8 @@ def bench_gpu_expert(name: str, lengths: list[int], reps: int, naive_reps: int
         torch.cuda.synchronize()
 
     fast()
-    result = {"expert": name, "tokens": sum(lengths), "prompts": len(seqs),
+    result = {"expert": name, "ceiling": ceiling_key(torch.bfloat16), "tokens": sum(lengths),
+              "prompts": len(seqs),
               "mean_len": float(np.mean(lengths)), "max_len": max(lengths),
               "params_nonembed": non_embedding_params(model),
               "fast_s": repeat(fast, reps), "naive_s": repeat(naive, naive_reps)}

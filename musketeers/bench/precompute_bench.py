@@ -163,7 +163,7 @@ def summarize(report, r: dict[str, Any], ceil: dict[str, list[float]], section: 
         paths["compiled"] = median(r["compiled_s"])
         fractions["compiled"] = _fractions(r, "compiled", ceil)
     naive_tps = tokens / median(r["naive_s"])
-    fp32, key = median(ceil["fp32"]), r.get("ceiling", "bf16")
+    fp32, key = median(ceil["fp32"]), r["ceiling"]
     report.row(section, f"{name}: prompts × mean len", f"{r['prompts']} × {r['mean_len']:.0f} "
                f"(max {r['max_len']}), {r['params_nonembed'] / 1e6:.0f}M non-emb params")
     report.row(section, f"{name}: tokens/s {' | '.join(paths)} | naive",
@@ -186,12 +186,10 @@ def summarize(report, r: dict[str, Any], ceil: dict[str, list[float]], section: 
 
 
 def _fractions(r: dict[str, Any], path: str, ceil: dict[str, list[float]]) -> list[float]:
-    """Achieved FLOP/s over the ceiling of the pass's dtype (the GPU's passes: bf16), per
-    repetition: each against the ceiling measured just before it when there is one, else
-    against the suite's."""
+    """Achieved FLOP/s over the ceiling of the pass's dtype, per repetition: each against the
+    ceiling measured just before it when there is one, else against the suite's."""
     n = forward_flops(r["params_nonembed"], r["tokens"])
-    key = r.get("ceiling", "bf16")
-    ceilings = r.get(f"{path}_ceil") or [median(ceil[key])] * len(r[f"{path}_s"])
+    ceilings = r.get(f"{path}_ceil") or [median(ceil[r["ceiling"]])] * len(r[f"{path}_s"])
     return [n / t / c for t, c in zip(r[f"{path}_s"], ceilings, strict=True)]
 
 

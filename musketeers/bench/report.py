@@ -130,7 +130,7 @@ def kept_rows(report: Report, old: str) -> dict[str, Any]:
     and note lines and, per section, the run that took them. Nothing when another machine
     wrote it: figures from two machines in one table would read as one machine's."""
     lines = old.splitlines()
-    if machine_line(report.machine) not in lines:
+    if not report.sections or machine_line(report.machine) not in lines:
         return {"summary": [], "raw": [], "notes": [], "provenance": []}
     summary = [r for r in _table_rows(old, "## Summary")
                if _section_of(r) not in report.sections]
@@ -163,8 +163,7 @@ def _merged(new: str, old: list[str], order: tuple[str, ...]) -> str:
 
 def to_markdown(report: Report, attempts: str = "", old: str = "",
                 order: tuple[str, ...] = ()) -> str:
-    kept = kept_rows(report, old) if old and report.sections else {
-        "summary": [], "raw": [], "notes": [], "provenance": []}
+    kept = kept_rows(report, old)
     vers = ", ".join(f"{k} {v}" for k, v in report.versions.items())
     summary = md_table(["section", "metric", "value", "target", "status"],
                        [[r.section, r.metric, r.value, r.target, r.status] for r in report.rows])
@@ -200,18 +199,13 @@ def to_markdown(report: Report, attempts: str = "", old: str = "",
     return "\n".join(parts)
 
 
-def kept_attempts(path: Path) -> str:
-    """The hand-written attempts log of an existing BENCHMARKS.md (from its heading on)."""
-    if not path.is_file():
-        return ""
-    text = path.read_text()
-    i = text.find(ATTEMPTS_MARK)
-    return text[i:] if i >= 0 else ""
-
-
 def write_markdown(report: Report, path: Path, order: tuple[str, ...] = ()) -> None:
+    """BENCHMARKS.md from ``report``, keeping the old file's hand-written attempts log (from
+    its heading on) and, by ``kept_rows``, the sections this run left out."""
     old = path.read_text() if path.is_file() else ""
-    text = to_markdown(report, kept_attempts(path), old.split(ATTEMPTS_MARK)[0], order)
+    i = old.find(ATTEMPTS_MARK)
+    attempts, measured = (old[i:], old[:i]) if i >= 0 else ("", old)
+    text = to_markdown(report, attempts, measured, order)
     tmp = path.with_suffix(".md.tmp")
     tmp.write_text(text)
     tmp.replace(path)
