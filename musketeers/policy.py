@@ -353,8 +353,9 @@ class Policy:
         head = None
         if k:
             ids = torch.tensor([prompts[0][:k]], dtype=torch.long, device=self.device)
+            # only its KV cache is read: one position of logits, not 37 × the vocabulary
             head = kv_cache(self.model(inputs_embeds=self.model.get_input_embeddings()(ids),
-                                       use_cache=True))
+                                       use_cache=True, logits_to_keep=1))
             head.batch_repeat_interleave(len(prompts))
             prompts = [p[k:] for p in prompts]
         inp = self.build_inputs(prompts, context)
