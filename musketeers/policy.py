@@ -353,7 +353,7 @@ class Policy:
         head = None
         if k:
             ids = torch.tensor([prompts[0][:k]], dtype=torch.long, device=self.device)
-            # only its KV cache is read: one position of logits, not 37 × the vocabulary
+            # only its KV cache is read: logits for one position, not for every head token
             head = kv_cache(self.model(inputs_embeds=self.model.get_input_embeddings()(ids),
                                        use_cache=True, logits_to_keep=1))
             head.batch_repeat_interleave(len(prompts))
