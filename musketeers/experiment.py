@@ -91,7 +91,9 @@ PARTS = {p.name: p for p in DESIGN}
 class PartSettings:
     """An overlay's settings for one part (the grid YAML's ``parts: {name: {...}}``)."""
 
-    seeds: str = "all"  # "all" (the grid's seeds) or "first"
+    # "all" (the grid's seeds), "first", or the part's own list (a comparison that needs
+    # more seeds than the rest of the grid for its power)
+    seeds: str | list[int] = "all"
     stage: int | None = None  # None: the part's own
     tasks: list[str] | None = None  # families, replacing the part's own
     only: dict[str, list[Any]] = field(default_factory=dict)  # keep these values of a field
@@ -129,6 +131,8 @@ def part_entries(part: Part, settings: PartSettings, families: dict[str, str]
         entry["stage"] = part.stage if settings.stage is None else settings.stage
         if settings.seeds == "first" or part.first_seed_only:
             entry["seeds"] = "first"
+        elif isinstance(settings.seeds, list):
+            entry["seeds"] = list(settings.seeds)
         out.append(entry)
     return out
 
@@ -153,5 +157,10 @@ def overlay_runs(raw: dict[str, Any], path: Path) -> list[dict[str, Any]]:
         except TypeError as exc:
             raise UserError(f"grid {path}: part {part.name}: {exc}; a part takes seeds, "
                             "stage, tasks, only and set") from None
+        seeds = settings.seeds
+        if seeds not in ("all", "first") and not (
+                isinstance(seeds, list) and all(type(s) is int for s in seeds) and seeds):
+            raise UserError(f"grid {path}: part {part.name}: seeds must be 'all', 'first' or "
+                            f"a list of integers, got {seeds!r}; fix it there")
         runs += part_entries(part, settings, families)
     return runs

@@ -75,8 +75,11 @@ def run_name(budget: str, fields: dict[str, Any]) -> str:
     return "-".join(parts)
 
 
-def expand_entry(entry: dict[str, Any], seeds: Iterable[int]) -> list[dict[str, Any]]:
-    """Every combination of the entry's list-valued fields, once per seed."""
+def expand_entry(entry: dict[str, Any], seeds: Iterable[int],
+                 selected: Iterable[int] | None = None) -> list[dict[str, Any]]:
+    """Every combination of the entry's list-valued fields, once per seed: the entry's own
+    seeds (those of them in ``selected``, when the command line picked seeds) or else
+    ``seeds``."""
     entry = dict(entry)
     entry.pop("eval_no_context", None)
     entry.pop("stage", None)
@@ -84,6 +87,8 @@ def expand_entry(entry: dict[str, Any], seeds: Iterable[int]) -> list[dict[str, 
     seeds = list(seeds)
     if entry_seeds == "first":  # a result that does not depend on the seed
         entry_seeds = seeds[:1]
+    elif entry_seeds is not None and selected is not None:
+        entry_seeds = [s for s in entry_seeds if s in set(selected)]
     keys = [k for k, v in entry.items() if isinstance(v, list)]
     combos = itertools.product(*(entry[k] for k in keys)) if keys else [()]
     out = []
@@ -101,8 +106,9 @@ def load_grid(
 ) -> Grid:
     """Read a grid YAML (a budget name or a path).
 
-    ``seeds`` replaces the grid's seeds, ``tasks`` keeps only those tasks' runs, and
-    ``overrides`` (e.g. ``{"cache_dir": ...}``) is applied to every run last.
+    ``seeds`` replaces the grid's seeds and keeps only those of an entry's own list,
+    ``tasks`` keeps only those tasks' runs, and ``overrides`` (e.g. ``{"cache_dir": ...}``)
+    is applied to every run last.
     """
     path = grid_file(str(source)) if str(source) in BUDGETS else Path(source)
     if not path.is_file():
@@ -117,7 +123,7 @@ def load_grid(
     grid_seeds = seeds if seeds is not None else list(raw.get("seeds", [0]))
     runs: dict[str, GridRun] = {}
     for entry in raw.get("runs") or []:
-        for fields in expand_entry(entry, grid_seeds):
+        for fields in expand_entry(entry, grid_seeds, seeds):
             fields = {**defaults, **task_overrides.get(fields.get("task"), {}), **fields,
                       **(overrides or {})}
             if tasks is not None and fields.get("task") not in tasks:

@@ -121,3 +121,23 @@ def test_published_runs_are_runs_of_their_grid_as_it_stands(source, folder):
         assert name in runs, f"{name} is published but not a run of the grid {source}"
         cfg = resolve_config(overrides={**runs[name].fields, "run_dir": str(path.parent)})
         assert stale_fields(path.parent, cfg) == {}, name
+
+
+def test_a_part_may_run_more_seeds_than_the_grid_and_the_command_line_selects(tmp_path: Path):
+    path = write_overlay(tmp_path, {"table1": {"only": {"method": ["single"]},
+                                               "seeds": [3, 4, 5, 6]},
+                                    "untrained": {}})
+    seeds = sorted(r.fields["seed"] for r in load_grid(path).runs
+                   if r.name.startswith("smoke-arithmetic-single"))
+    assert seeds == [3, 4, 5, 6]  # the part's own list, not the grid's [3, 4]
+    assert [r.name for r in load_grid(path).runs if "arithmetic-untrained" in r.name] == [
+        "smoke-arithmetic-untrained-s3"]
+    picked = load_grid(path, seeds=[5, 9]).runs
+    assert sorted(r.name for r in picked if "arithmetic" in r.name) == [
+        "smoke-arithmetic-single-s5", "smoke-arithmetic-untrained-s5"]
+
+
+@pytest.mark.parametrize("seeds", ["some", [], [1, "2"]])
+def test_a_parts_bad_seeds_are_refused_with_the_key(tmp_path: Path, seeds):
+    with pytest.raises(UserError, match="part table1: seeds must be"):
+        load_grid(write_overlay(tmp_path, {"table1": {"seeds": seeds}}))
