@@ -112,6 +112,7 @@ def build_components(cfg: TrainConfig, split: str, *, limit: int | None = None,
     seed_everything(cfg.seed)
     policy = (policy_factory or build_policy)(cfg)
     policy.decode_graphs = cfg.decode_graphs
+    policy.prepack_decode = cfg.prepack_decode
     router_dim = int(data.router.shape[1]) if data.router is not None else 384
     target = policy.embedding_rms if cfg.context_scale == "embedding" else None
     try:

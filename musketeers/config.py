@@ -93,8 +93,8 @@ class TrainConfig:
     group_size: int = opt(8, cli=True, help="G, completions per prompt")
     # a GPU decode step costs its launches whatever the rows (benchmarks-history, 2026-11-26)
     decode_prompts: int = opt(0, cli=True, help="prompts sampled as one batch (0: a micro-batch)")
-    decode_graphs: bool = opt(False, cli=True, help="on CUDA, replay each decode step as a "
-                                                   "CUDA graph (ignored elsewhere)")
+    decode_graphs: bool = opt(False, cli=True, help="on CUDA, replay decode steps as CUDA graphs")
+    prepack_decode: bool = opt(True, cli=True, help="on CPU, decode from prepacked frozen weights")
     max_new_tokens: int = opt(128, cli=True, help="completion length limit")
     temperature: float = opt(1.0, cli=True, help="sampling temperature")
     beta: float = opt(0.04, cli=True, help="KL coefficient")

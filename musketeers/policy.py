@@ -37,6 +37,7 @@ equal those of each sequence alone.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -49,6 +50,7 @@ from musketeers.cache.prompts import generation_prompt_len, render_prompt
 from musketeers.config import CONTEXT_POSITIONS
 from musketeers.decode_graph import decode_fixed, why_not_graphed
 from musketeers.policy_model import contiguous_input, target_modules, teacher_forced_attention
+from musketeers.prepack import prepacked_linears
 from musketeers.sampling import CACHE_KW, decode, kv_cache, token_logprobs
 from musketeers.sharing import cache_rows, common_head, length_chunks
 
@@ -103,6 +105,8 @@ class Policy:
         self.share = True
         # on CUDA, with a model that allows it: ``decode_graph.decode_fixed`` (CUDA graphs)
         self.decode_graphs = False
+        # on CPU: the frozen weights of each decode step prepacked for oneDNN (``prepack``)
+        self.prepack_decode = True
         self.generation_prompt_len = generation_prompt_len(tokenizer)
         emb = self.model.get_input_embeddings()
         self.embed_dim: int = emb.embedding_dim
@@ -229,11 +233,15 @@ class Policy:
         graphed = (self.decode_graphs and self.device.type == "cuda"
                    and why_not_graphed(self.model, kv_cache(pre)) is None)
         loop = partial(decode_fixed, graph=True) if graphed else decode
-        out = loop(
-            self.model, pre.logits[:, -1].repeat_interleave(group_size, dim=0),
-            kv_cache(pre), mask.repeat_interleave(group_size, dim=0),
-            max_new_tokens=max_new_tokens, eos_ids=self.eos_ids, pad_id=self.pad_id,
-            temperature=temperature, top_p=top_p, greedy=greedy, generator=generator)
+        rows = len(prompt_ids) * group_size
+        packed = (prepacked_linears(self.model, rows) if self.prepack_decode and not graphed
+                  else nullcontext())
+        with packed:
+            out = loop(
+                self.model, pre.logits[:, -1].repeat_interleave(group_size, dim=0),
+                kv_cache(pre), mask.repeat_interleave(group_size, dim=0),
+                max_new_tokens=max_new_tokens, eos_ids=self.eos_ids, pad_id=self.pad_id,
+                temperature=temperature, top_p=top_p, greedy=greedy, generator=generator)
         return [self._strip(row) for row in out.tolist()]
 
     def _strip(self, row: list[int]) -> list[int]:

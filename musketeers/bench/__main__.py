@@ -189,6 +189,9 @@ def section_trl(rep: rp.Report, args, ctx: dict) -> None:
     rep.row("trl", "completion lengths single | TRL",
             f"{res['single']['completion_len']} | {res['trl']['completion_len']}")
     rep.check("trl", "steps/s single ÷ TRL (equal work)", trl / ours, 3.0, "{:.2f}×")
+    stock = median(res["single_stock"]["step_s"])
+    rep.row("trl", "s/step single, stock decode | prepacked (after TRL)",
+            f"{stock:.1f} | {after:.1f}: {stock / after:.2f}× from the prepacked weights")
 
 
 def section_roofline(rep: rp.Report, args, ctx: dict) -> None:

@@ -91,7 +91,7 @@ def run_single(params: dict[str, Any]) -> dict[str, Any]:
                  "prompts_per_micro": r["prompts"], "grad_accum": 1,
                  "group_size": r["group_size"], "max_new_tokens": r["max_new_tokens"],
                  "lora_r": SHARED["lora_r"], "beta": SHARED["beta"], "lr": SHARED["lr"],
-                 "dtype": r["dtype"], "skip_no_signal": False}
+                 "dtype": r["dtype"], "skip_no_signal": False, **params.get("set", {})}
     return run_steps({**params, "task": r["task"], "overrides": overrides})
 
 
@@ -181,4 +181,7 @@ def bench_trl(cache_dir: Path, run_root: Path, regime_name: str, reps: int, warm
     out["trl"] = {"error": why} if why else run_child("trl", {**base,
                                                                "run_dir": str(run_root / "trl")})
     out["single_after"] = run_child("single", {**base, "run_dir": str(run_root / "single_after")})
+    # the CPU decode's prepacked weights against the stock ``F.linear``, next to single_after
+    out["single_stock"] = run_child("single", {**base, "set": {"prepack_decode": False},
+                                               "run_dir": str(run_root / "single_stock")})
     return out

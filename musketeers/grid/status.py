@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 # TrainConfig fields a finished run may differ in from the grid and still be its run: where
 # files live and how the hardware ran it (each prompt samples alike in any decode batch), not
 # what was computed.
-NOT_STALE = ("run_dir", "cache_dir", "device", "threads", "decode_prompts", "decode_graphs")
+NOT_STALE = ("run_dir", "cache_dir", "device", "threads", "decode_prompts", "decode_graphs",
+             "prepack_decode")
 
 
 def stale_fields(run_dir: Path, cfg: Any) -> dict[str, tuple[Any, Any]]:
