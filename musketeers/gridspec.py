@@ -88,7 +88,8 @@ def expand_entry(entry: dict[str, Any], seeds: Iterable[int],
     if entry_seeds == "first":  # a result that does not depend on the seed
         entry_seeds = seeds[:1]
     elif entry_seeds is not None and selected is not None:
-        entry_seeds = [s for s in entry_seeds if s in set(selected)]
+        keep = set(selected)
+        entry_seeds = [s for s in entry_seeds if s in keep]
     keys = [k for k, v in entry.items() if isinstance(v, list)]
     combos = itertools.product(*(entry[k] for k in keys)) if keys else [()]
     out = []

@@ -36,12 +36,9 @@ def why_not_prepacked(model: nn.Module) -> str | None:
 
 def frozen_linears(model: nn.Module) -> list[nn.Linear]:
     """The plain ``nn.Linear`` layers whose weight no optimizer moves (LoRA's base layers,
-    the LM head), each once even where two names share it."""
-    seen: dict[int, nn.Linear] = {}
-    for module in model.modules():
-        if type(module) is nn.Linear and not module.weight.requires_grad:
-            seen.setdefault(id(module), module)
-    return list(seen.values())
+    the LM head); ``modules()`` yields a layer two names share once."""
+    return [m for m in model.modules()
+            if type(m) is nn.Linear and not m.weight.requires_grad]
 
 
 def _packed_weight(layer: nn.Linear, rows: int) -> Tensor:
@@ -58,7 +55,7 @@ def _packed_weight(layer: nn.Linear, rows: int) -> Tensor:
 
 
 def _forward(layer: nn.Linear, packed: Tensor, x: Tensor) -> Tensor:
-    if torch.is_grad_enabled() and (x.requires_grad or layer.weight.requires_grad):
+    if torch.is_grad_enabled() and x.requires_grad:  # the layer's own weight is frozen
         return F.linear(x, layer.weight, layer.bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, layer.bias, "none", [], "")
 
