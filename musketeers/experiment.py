@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from musketeers.cache.errors import UserError
+from musketeers.grid_yaml import is_int_list
 
 # The paper's task families, in its column order.
 FAMILIES = ("algorithmic", "arithmetic", "logic", "gsm8k")
@@ -158,8 +159,7 @@ def overlay_runs(raw: dict[str, Any], path: Path) -> list[dict[str, Any]]:
             raise UserError(f"grid {path}: part {part.name}: {exc}; a part takes seeds, "
                             "stage, tasks, only and set") from None
         seeds = settings.seeds
-        if seeds not in ("all", "first") and not (
-                isinstance(seeds, list) and all(type(s) is int for s in seeds) and seeds):
+        if seeds not in ("all", "first") and not (is_int_list(seeds) and seeds):
             raise UserError(f"grid {path}: part {part.name}: seeds must be 'all', 'first' or "
                             f"a list of integers, got {seeds!r}; fix it there")
         runs += part_entries(part, settings, families)

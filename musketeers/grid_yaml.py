@@ -36,7 +36,7 @@ def check_grid(raw: dict[str, Any], path: Path) -> None:
     def bad(key: str, want: str, value: Any) -> UserError:
         return UserError(f"grid {path}: {key} must be {want}, got {value!r}; fix it there")
 
-    if not _ints(raw.get("seeds", [0])):
+    if not is_int_list(raw.get("seeds", [0])):
         raise bad("seeds", "a list of integers", raw.get("seeds"))
     for key in ("defaults", "task_overrides", "precompute"):
         if not isinstance(raw.get(key) or {}, dict):
@@ -51,17 +51,19 @@ def check_grid(raw: dict[str, Any], path: Path) -> None:
         if not isinstance(entry, dict):
             raise bad(f"runs[{i}]", "a mapping of run fields", entry)
         seeds = entry.get("seeds")
-        if seeds is not None and seeds != "first" and not _ints(seeds):
+        if seeds is not None and seeds != "first" and not is_int_list(seeds):
             raise bad(f"runs[{i}].seeds", "a list of integers or 'first'", seeds)
-        if not _int(entry.get("stage", 1)):
+        if not is_int(entry.get("stage", 1)):
             raise bad(f"runs[{i}].stage", "an integer", entry.get("stage"))
-    if raw.get("eval_limit") is not None and not _int(raw["eval_limit"]):
+    if raw.get("eval_limit") is not None and not is_int(raw["eval_limit"]):
         raise bad("eval_limit", "an integer", raw["eval_limit"])
 
 
-def _int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
+    """An integer that is not a bool (YAML reads `true` as one)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _ints(value: Any) -> bool:
-    return isinstance(value, list) and all(_int(v) for v in value)
+def is_int_list(value: Any) -> bool:
+    """A list of integers, each as ``is_int`` takes it."""
+    return isinstance(value, list) and all(is_int(v) for v in value)
