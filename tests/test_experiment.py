@@ -137,7 +137,7 @@ def test_a_part_may_run_more_seeds_than_the_grid_and_the_command_line_selects(tm
         "smoke-arithmetic-single-s5", "smoke-arithmetic-untrained-s5"]
 
 
-@pytest.mark.parametrize("seeds", ["some", [], [1, "2"]])
+@pytest.mark.parametrize("seeds", ["some", [], [1, "2"], [0, True]])
 def test_a_parts_bad_seeds_are_refused_with_the_key(tmp_path: Path, seeds):
     with pytest.raises(UserError, match="part table1: seeds must be"):
         load_grid(write_overlay(tmp_path, {"table1": {"seeds": seeds}}))
