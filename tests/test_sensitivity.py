@@ -144,6 +144,22 @@ def test_not_significant_is_no_evidence_either_way_with_what_could_be_seen():
     assert "equivalent" not in words and "within noise" not in words
 
 
+def test_seeds_for_mde_is_the_first_count_whose_test_could_detect_the_target():
+    # two seeds that differ by 4 points, 400 items with an items' SE of 0.87 (as on Arithmetic)
+    t = stats.paired_seed_test([2.25, -1.75], item_se=0.87, items=400)
+    k = stats.seeds_for_mde(t, 5.0)
+    assert k is not None and k > 2
+
+    def at(seeds: int) -> float:  # the test's MDE with the same spreads over `seeds` seeds
+        d = np.resize([2.25 - 0.25, -1.75 - 0.25], seeds)
+        scale = np.sqrt(t.seed_var / d.var(ddof=1))
+        return stats.paired_seed_test(list(d * scale), item_se=0.87, items=400).mde
+
+    assert at(k) <= 5.0 < at(k - 1)
+    assert stats.seeds_for_mde(t, 1.0) is None  # the items' noise alone exceeds 1 point
+    assert stats.seeds_for_mde(stats.paired_seed_test([3.0]), 5.0) is None
+
+
 def test_the_cluster_bootstrap_covers_a_known_difference():
     rng = np.random.default_rng(1)
     b = (rng.random((3, 400)) < 0.5).astype(float)
@@ -175,7 +191,20 @@ def test_the_verdict_table_finds_cells_by_key_and_names_the_positive_control(tmp
     assert all(r.test.diff > 20 and r.verdict.startswith("ahead, significant") for r in rows)
     table = "\n".join(verdict_markdown(rows))
     assert "oracle > Single (positive control) | Arithmetic | 81.00 | 56.00 | +25.00" in table
+    assert "Seeds to detect" not in table  # a significant row needs no more power
     assert {c.name for c in COMPARISONS} >= {"oracle > Single", "Ours > shuffled experts"}
+
+
+def test_the_verdict_table_says_how_many_seeds_would_detect_five_points(tmp_path: Path):
+    base = dict(task="arithmetic:easier@direct", pooling="last", latents=8)
+    for s, (single, oracle) in enumerate([(0.56, 0.50), (0.57, 0.70), (0.55, 0.58)]):
+        _run(tmp_path, f"single{s}", single, method="single", seed=s, **base)
+        _run(tmp_path, f"oracle{s}", oracle, method="perceiver", team="oracle", seed=s, **base)
+    (row,) = verdict_rows(load_runs(tmp_path), ["arithmetic"])
+    k = stats.seeds_for_mde(row.test, stats.PLANNED_MDE)
+    assert row.test.mde > 5 and k is not None and k > 3
+    table = "\n".join(verdict_markdown([row]))
+    assert f"- oracle > Single, Arithmetic: {k} seeds (now 3, smallest detectable " in table
 
 
 def test_the_verdict_table_refuses_to_compare_runs_trained_in_other_dtypes(tmp_path: Path):

@@ -13,6 +13,8 @@ difference that is not significant is "no evidence either way, could detect ≥ 
 method, which controls the family-wise error without assuming independence.
 
 A comparison on one seed has no spread over seeds to test against: it is descriptive only.
+``seeds_for_mde`` projects, from a comparison's measured spreads, how many seeds would bring
+its minimum detectable effect to a planned size: the count a grid's part needs.
 ``cluster_bootstrap`` gives a second opinion that resamples seeds and, within them, items
 clustered by item (one item is graded on every seed, so its draws are not independent).
 """
@@ -27,6 +29,7 @@ from scipy import stats as sps
 
 ALPHA = 0.05
 POWER = 0.80
+PLANNED_MDE = 5.0  # points: the smallest effect a grid's main comparison is sized to detect
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,9 @@ class SeedTest:
     df: float  # Welch–Satterthwaite's over the seeds' and the items' variance; 0 on one seed
     mde: float | None  # smallest true difference found with 80 % power; None on one seed
     seeds: int
+    seed_var: float = math.nan  # variance of the per-seed differences (ddof = 1)
+    item_var: float = 0.0  # the items' variance of the seed-averaged difference (item_se²)
+    items: int = 0
 
     @property
     def testable(self) -> bool:
@@ -76,17 +82,39 @@ def paired_seed_test(diffs: list[float], alpha: float = ALPHA,
     mean = float(d.mean())
     if k == 1:
         return SeedTest(mean, math.nan, math.nan, None, 0, None, 1)
-    parts = [(float(d.var(ddof=1) / k), k - 1)]
-    if item_se is not None and items > 1:
-        parts.append((item_se * item_se, items - 1))
-    se = math.sqrt(sum(v for v, _ in parts))
-    df = min(satterthwaite(parts), 10_000.0)
+    seed_var = float(d.var(ddof=1))
+    item_var, items = (item_se * item_se, items) if item_se is not None else (0.0, 0)
+    se, df = _noise(seed_var, k, item_var, items)
     crit = float(sps.t.ppf(1 - alpha / 2, df))
     if se == 0.0:  # every seed and item agree: no spread to weigh the difference against
         p = 1.0 if mean == 0 else 0.0
     else:
         p = float(2 * sps.t.sf(abs(mean) / se, df))
-    return SeedTest(mean, mean - crit * se, mean + crit * se, p, df, mde(se, df, alpha), k)
+    return SeedTest(mean, mean - crit * se, mean + crit * se, p, df, mde(se, df, alpha), k,
+                    seed_var, item_var, items)
+
+
+def _noise(seed_var: float, k: int, item_var: float, items: int) -> tuple[float, float]:
+    """(SE, Welch–Satterthwaite df) of a mean over ``k`` seeds with the items' noise added."""
+    parts = [(seed_var / k, k - 1)]
+    if item_var > 0 and items > 1:
+        parts.append((item_var, items - 1))
+    return math.sqrt(sum(v for v, _ in parts)), min(satterthwaite(parts), 10_000.0)
+
+
+def seeds_for_mde(test: SeedTest, target: float, most: int = 50) -> int | None:
+    """The fewest seeds at which ``test``'s comparison would reach a minimum detectable effect
+    of ``target`` points, projected from its measured spreads: the per-seed differences'
+    variance over k seeds, the items' share held as measured (more seeds would average it
+    down a little, so the count errs high). None on one seed, or past ``most`` seeds (the
+    items' noise alone may exceed the target: then more items, not seeds, is the lever)."""
+    if not test.testable or math.isnan(test.seed_var):
+        return None
+    for k in range(2, most + 1):
+        se, df = _noise(test.seed_var, k, test.item_var, test.items)
+        if mde(se, df) <= target:
+            return k
+    return None
 
 
 def holm(pvalues: list[float | None]) -> list[float | None]:

@@ -17,7 +17,15 @@ import numpy as np
 
 from musketeers.reports.aggregate import Cell, Run, cell
 from musketeers.reports.paired import by_item
-from musketeers.reports.stats import SeedTest, holm, paired_seed_test, verdict
+from musketeers.reports.stats import (
+    ALPHA,
+    PLANNED_MDE,
+    SeedTest,
+    holm,
+    paired_seed_test,
+    seeds_for_mde,
+    verdict,
+)
 from musketeers.runlog import eval_files
 from musketeers.tasks.variants import task_title
 
@@ -176,9 +184,32 @@ def verdict_markdown(rows: list[VerdictRow]) -> list[str]:
             "Holm-adjusted over this table; smallest detectable: "
             "the true difference this test finds with 80 % power. A row on one seed is "
             "descriptive only.", ""]
+    out += power_lines(rows)
     seen = set()
     for r in rows:
         if r.comparison.name not in seen:
             seen.add(r.comparison.name)
             out.append(f"- *{r.comparison.name}*: {r.comparison.why}.")
     return out
+
+
+def power_lines(rows: list[VerdictRow], target: float = PLANNED_MDE) -> list[str]:
+    """For each row with no verdict yet that cannot detect ``target`` points: the seeds that
+    would, projected from its own spreads (``stats.seeds_for_mde``). A significant row needs
+    no more power."""
+    out = []
+    for r in rows:
+        if (r.refused or not r.test.testable or (r.test.mde or 0.0) <= target
+                or (r.p_adjusted is not None and r.p_adjusted < ALPHA)):
+            continue
+        k = seeds_for_mde(r.test, target)
+        need = (f"{k} seeds" if k is not None else
+                "not within 50 seeds, the items' noise held as measured: grade more items")
+        out.append(f"- {r.comparison.name}, {task_title(r.task)}: {need} "
+                   f"(now {r.test.seeds}, smallest detectable {r.test.mde:.1f})")
+    if not out:
+        return []
+    return [f"Seeds to detect {target:g} points (the effect a grid is sized for) where no "
+            "verdict is in yet, projected from each comparison's measured spread over seeds "
+            "and items:",
+            "", *out, ""]
