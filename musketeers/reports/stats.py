@@ -30,6 +30,7 @@ from scipy import stats as sps
 ALPHA = 0.05
 POWER = 0.80
 PLANNED_MDE = 5.0  # points: the smallest effect a grid's main comparison is sized to detect
+MOST_SEEDS = 50  # where ``seeds_for_mde`` stops looking
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ def _noise(seed_var: float, k: int, item_var: float, items: int) -> tuple[float,
     return math.sqrt(sum(v for v, _ in parts)), min(satterthwaite(parts), 10_000.0)
 
 
-def seeds_for_mde(test: SeedTest, target: float, most: int = 50) -> int | None:
+def seeds_for_mde(test: SeedTest, target: float, most: int = MOST_SEEDS) -> int | None:
     """The fewest seeds at which ``test``'s comparison would reach a minimum detectable effect
     of ``target`` points, projected from its measured spreads: the per-seed differences'
     variance over k seeds, the items' share held as measured (more seeds would average it

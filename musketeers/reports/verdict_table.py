@@ -19,6 +19,7 @@ from musketeers.reports.aggregate import Cell, Run, cell
 from musketeers.reports.paired import by_item
 from musketeers.reports.stats import (
     ALPHA,
+    MOST_SEEDS,
     PLANNED_MDE,
     SeedTest,
     holm,
@@ -204,7 +205,8 @@ def power_lines(rows: list[VerdictRow], target: float = PLANNED_MDE) -> list[str
             continue
         k = seeds_for_mde(r.test, target)
         need = (f"{k} seeds" if k is not None else
-                "not within 50 seeds, the items' noise held as measured: grade more items")
+                f"not within {MOST_SEEDS} seeds, the items' noise held as measured: grade "
+                "more items")
         out.append(f"- {r.comparison.name}, {task_title(r.task)}: {need} "
                    f"(now {r.test.seeds}, smallest detectable {r.test.mde:.1f})")
     if not out:
