@@ -60,6 +60,7 @@ def ablate(
         "they would contend for the stores' writer locks)")] = False,
 ) -> None:
     """Precompute what is missing, run every unfinished run of the grid, evaluate, report."""
+    from musketeers.design.gridspec import load_grid
     from musketeers.grid.ledger import ledger_path
     from musketeers.grid.needs import ensure_cache
     from musketeers.grid.publish import (
@@ -73,7 +74,6 @@ def ablate(
     from musketeers.grid.shard import parse_shard
     from musketeers.grid.shard import shard as take_shard
     from musketeers.grid.walltime import wall_time_lines
-    from musketeers.gridspec import load_grid
     from musketeers.reports.report import report_dir, write_report
 
     task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else None

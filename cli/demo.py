@@ -17,15 +17,15 @@ demo_app = typer.Typer(help="Self-contained demonstrations.", no_args_is_help=Tr
 def planted(
     seeds: Annotated[str | None, typer.Option(
         help="comma-separated seeds, at least 3 for a verdict (default: the variant's, "
-        "musketeers.planted.MARGINS)")] = None,
+        "musketeers.checks.planted.MARGINS)")] = None,
     steps: Annotated[int | None, typer.Option(
-        help="GRPO steps per run (default: the variant's, musketeers.planted.MARGINS, "
+        help="GRPO steps per run (default: the variant's, musketeers.checks.planted.MARGINS, "
         "which the check's margins are sized for)")] = None,
     workdir: Annotated[Path | None, typer.Option(
         help="where the synthetic store and runs go (default: a temporary folder)")] = None,
     variant: Annotated[str, typer.Option(
         help="plain: one-token answers, β = 0, no chat template; chat: a chat template, "
-        "multi-token answers and β > 0 (musketeers.planted_chat)")] = "plain",
+        "multi-token answers and β > 0 (musketeers.checks.planted_chat)")] = "plain",
 ) -> None:
     """Train a tiny policy on a store where only one expert knows the answer.
 
@@ -34,7 +34,7 @@ def planted(
     utilisation must rise and ρ(reward, H) fall by more than in the control, beyond two
     standard errors; without C (single) it stays at chance.
     """
-    from musketeers.planted import MARGINS, VARIANTS, check_rows, print_table, run_planted
+    from musketeers.checks.planted import MARGINS, VARIANTS, check_rows, print_table, run_planted
 
     if variant not in VARIANTS:
         raise UserError(f"--variant must be one of {', '.join(VARIANTS)}, got {variant!r}")

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from musketeers.cache.errors import UserError
-from musketeers.features import CACHE_DIR_ENV, cache_root
+from musketeers.run.features import CACHE_DIR_ENV, cache_root
 
 TaskOpt = Annotated[str, typer.Option("--task", help="task name, or 'all'")]
 # the team options precompute and probe share: a store is read by the team that wrote it
@@ -51,7 +51,7 @@ def precompute(
 ) -> None:
     """Run every expert of a team once over a task's train and val items into the store."""
     from musketeers.cli.interrupt import on_interrupt
-    from musketeers.features import precompute_features
+    from musketeers.run.features import precompute_features
 
     on_interrupt("run the same command again to resume")  # finished chunks are kept
     names = [e.strip() for e in experts.split(",") if e.strip()] if experts else None

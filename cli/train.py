@@ -54,9 +54,9 @@ def _train(config: Path | None = None, resume: bool = False, **options: Any) -> 
     """Train the policy and adapter with GRPO on cached expert vectors."""
     from musketeers.cli.interrupt import on_interrupt
     from musketeers.config import apply_overrides, read_run_config, resolve_config, validate
-    from musketeers.distributed import lead
-    from musketeers.runfolder import resume_command
-    from musketeers.trainer import train as run_training
+    from musketeers.run.distributed import lead
+    from musketeers.run.runfolder import resume_command
+    from musketeers.run.trainer import train as run_training
 
     overrides = {k: str(v) if isinstance(v, Path) else v for k, v in options.items()
                  if v is not None}
@@ -122,8 +122,8 @@ def evaluate(
                           ] = False,
 ) -> None:
     """Greedy accuracy of a trained run on the cached validation split."""
-    from musketeers.distributed import lead
-    from musketeers.evaluate import evaluate as run_eval
+    from musketeers.run.distributed import lead
+    from musketeers.run.evaluate import evaluate as run_eval
 
     result = run_eval(run_dir, limit=limit, no_context=no_context)
     if lead():

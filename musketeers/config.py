@@ -25,7 +25,7 @@ SCHEDULERS = ("constant", "linear", "cosine")
 # "auto": bfloat16 where the device computes it natively (CUDA; a CPU with avx512_bf16 or
 # AMX), float32 elsewhere, where bf16 is emulated and slower than float32
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-# Where C enters the policy's prefix (musketeers.policy.Policy.build_inputs).
+# Where C enters the policy's prefix (musketeers.method.policy.Policy.build_inputs).
 CONTEXT_POSITIONS = ("before_generation_prompt", "after_prompt", "before_prompt")
 CONTEXT_SCALES = ("init", "embedding")
 # sizes past which a run cannot start on any machine here (tensors of terabytes, or an
@@ -52,7 +52,7 @@ def opt(default: Any = MISSING, *, help: str, cli: bool | str = False, path: boo
 
 
 def _method_names() -> tuple[str, ...]:
-    from musketeers.methods import names
+    from musketeers.method.methods import names
 
     return names()
 
@@ -120,7 +120,7 @@ class TrainConfig:
     inner_iters: int = opt(1, cli=True, help="μ, GRPO iterations per batch")
     # C between the user turn and the chat template's generation prompt: m zero vectors right
     # after "<|im_start|>assistant\n" (after_prompt) move a chat policy's first token by 4-11
-    # nats, so "C ≈ 0 at init" would not leave π where it was (see musketeers.policy)
+    # nats, so "C ≈ 0 at init" would not leave π where it was (see musketeers.method.policy)
     context_position: str = opt(
         "before_generation_prompt", cli=True,
         help="where C enters: before_generation_prompt (default), after_prompt "
@@ -134,7 +134,7 @@ class TrainConfig:
         False, cli="--standardize-experts/--no-standardize-experts",
         help="centre and scale each expert dimension by the train split's statistics "
              "before Eq. 6 (their shared direction otherwise dwarfs what differs by item)")
-    # a lever beyond the paper: φ reads the experts before RL (musketeers.warmup)
+    # a lever beyond the paper: φ reads the experts before RL (musketeers.method.warmup)
     adapter_warmup: int = opt(0, cli=True, help="teacher-forced steps fitting the adapter to "
                               "the train split's gold answers before GRPO (0 = none, the paper's)")
     adapter_warmup_lr: float = opt(1e-3, cli=True, help="the adapter warm-up's learning rate")
@@ -257,7 +257,7 @@ def resolve_config(yaml_path: Path | None = None, overrides: dict[str, Any] | No
         from_yaml = {k: v for k, v in from_yaml.items() if k not in TEAM_KEYS}
     _apply(values, from_yaml, str(yaml_path))
     _apply(values, overrides, "the command line")
-    from musketeers.methods import fixed_steps  # the registry imports torch: only when resolving
+    from musketeers.method.methods import fixed_steps  # imports torch: only when resolving
 
     if (steps := fixed_steps(values["method"])) is not None:
         values["steps"] = steps  # the method decides (untrained: one step, whatever the budget)
@@ -296,8 +296,8 @@ def _one_of(name: str, value: str, valid: typing.Iterable[str]) -> None:
 def validate(cfg: TrainConfig) -> None:
     """Names against the registries of the other modules; sizes positive. UserError if not."""
     from musketeers.cache.reader import POOLINGS
-    from musketeers.grpo import ADVANTAGES, LOSS_NORMS, REWARD_NORMS
-    from musketeers.methods import names as method_names
+    from musketeers.method.grpo import ADVANTAGES, LOSS_NORMS, REWARD_NORMS
+    from musketeers.method.methods import names as method_names
     from musketeers.tasks import EXTRACTIONS, check_task
 
     check_task(cfg.task)

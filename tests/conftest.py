@@ -54,7 +54,7 @@ def make_items(n: int, seed: int = 0) -> list:
 @pytest.fixture(scope="module")
 def planted_store(tmp_path_factory) -> Path:
     """A small planted-expert store (64 train, 16 val items), one per test module."""
-    from musketeers.planted import write_planted_store
+    from musketeers.checks.planted import write_planted_store
 
     root = tmp_path_factory.mktemp("planted") / "stores"
     write_planted_store(root, n_train=64, n_val=16)

@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from musketeers.adapter import (
+from musketeers.cache.errors import UserError
+from musketeers.method.adapter import (
     FFN,
     HardRoutingAdapter,
     NoCrossAttnAdapter,
     PerceiverAdapter,
 )
-from musketeers.cache.errors import UserError
-from musketeers.methods import build_adapter
-from musketeers.methods import names as method_names
+from musketeers.method.methods import build_adapter
+from musketeers.method.methods import names as method_names
 
 DIMS = [3, 5, 7]  # heterogeneous expert widths
 

@@ -193,9 +193,9 @@ def test_publishing_leaves_symlinked_artefacts_behind(tmp_path: Path):
 
 
 def test_a_symlinked_ledger_is_neither_published_nor_adopted(tmp_path: Path):
+    from musketeers.design.gridspec import Grid
     from musketeers.grid.ledger import ledger_path
     from musketeers.grid.publish import adopt_published, publish_ledger
-    from musketeers.gridspec import Grid
 
     secret = tmp_path / "secret.txt"
     secret.write_text('{"private": "key"}\n')
@@ -214,8 +214,8 @@ def test_a_symlinked_ledger_is_neither_published_nor_adopted(tmp_path: Path):
 
 def test_a_symlink_to_a_locked_run_folder_is_the_same_lock(planted_store, tmp_path: Path):
     from musketeers.cache.store import Lock, lock_path
-    from musketeers.planted import planted_config
-    from musketeers.trainer import train
+    from musketeers.checks.planted import planted_config
+    from musketeers.run.trainer import train
 
     real = tmp_path / "real"
     real.mkdir()
@@ -242,9 +242,9 @@ def test_the_grid_evaluates_the_final_checkpoint_over_an_earlier_evaluation(tmp_
     """An `eval` run mid-training left eval.json of step 1; the grid must redo it, not adopt it."""
     import yaml
 
+    from musketeers.design.gridspec import load_grid
     from musketeers.grid.fake import fake_train
     from musketeers.grid.run import run_grid
-    from musketeers.gridspec import load_grid
 
     path = tmp_path / "g.yaml"
     path.write_text(yaml.safe_dump({"budget": "t", "seeds": [0],
@@ -269,7 +269,7 @@ def test_the_grid_evaluates_the_final_checkpoint_over_an_earlier_evaluation(tmp_
 def test_a_checkpoint_with_non_finite_weights_is_never_written(tmp_path: Path):
     import torch
 
-    from musketeers import checkpoint as ckpt
+    from musketeers.run import checkpoint as ckpt
 
     model = torch.nn.Linear(2, 2)
     with torch.no_grad():
@@ -293,8 +293,8 @@ def test_an_adapter_too_large_for_memory_is_a_one_line_error(planted_store, tmp_
                                                              monkeypatch):
     """Sizes under the limits can still exceed this machine's memory: the allocator's error
     becomes one line naming the options, and any other error still surfaces as itself."""
-    from musketeers import build
-    from musketeers.planted import planted_config
+    from musketeers.checks.planted import planted_config
+    from musketeers.run import build
 
     cfg = planted_config("perceiver", 0, 1, planted_store, tmp_path / "run", d_model=16384)
 

@@ -198,7 +198,7 @@ def test_the_repair_command_works_when_pasted(pristine, tmp_path, monkeypatch, c
     args = shlex.split(fix)
     assert args[args.index("--cache-dir") + 1] == str(cache_dir)
     assert "--chunk-rows" in args and "--dtype" in args
-    from musketeers import features
+    from musketeers.run import features
 
     def same_items(task, **kw):  # "toy" is no packaged task: its items are the test's
         from musketeers.cache.experts import TINY_EXPERTS

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from musketeers import methods
+from musketeers.method import methods
 from musketeers.reports import claim_registry, tables
 from musketeers.reports.aggregate import load_runs
 from musketeers.reports.claim_registry import CLAIMS, Claim, paper_claims

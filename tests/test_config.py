@@ -123,7 +123,7 @@ def test_resume_refuses_options_that_change_the_run(tmp_path, monkeypatch):
         assert match in str(result.exception) and "\n" not in str(result.exception)
     # allowed: reaches the trainer; --steps stops this invocation, the run keeps its length
     calls = []
-    monkeypatch.setattr("musketeers.trainer.train",
+    monkeypatch.setattr("musketeers.run.trainer.train",
                         lambda cfg, **kw: calls.append((cfg, kw)) or {})
     result = runner.invoke(cli_main.app, ["train", "--resume", "--run-dir", str(run),
                                           "--method", "perceiver", "--steps", "9"])
@@ -220,8 +220,8 @@ def test_interrupts_say_how_to_resume_and_keep_the_exit_status(tmp_path, monkeyp
     def interrupted(*args, **kwargs):
         raise raised
 
-    monkeypatch.setattr("musketeers.trainer.train", interrupted)
-    monkeypatch.setattr("musketeers.features.precompute_features", interrupted)
+    monkeypatch.setattr("musketeers.run.trainer.train", interrupted)
+    monkeypatch.setattr("musketeers.run.features.precompute_features", interrupted)
     monkeypatch.setattr(signal, "signal", lambda *a: None)  # keep pytest's own handlers
     run = tmp_path / "r"
     args = ["train", "--budget", "smoke", "--run-dir", str(run)] if command == "train" else [
@@ -277,7 +277,7 @@ def test_train_untrained_reaches_the_trainer_with_one_step(tmp_path, monkeypatch
     from musketeers.cli import main as cli_main
 
     calls = []
-    monkeypatch.setattr("musketeers.trainer.train",
+    monkeypatch.setattr("musketeers.run.trainer.train",
                         lambda cfg, **kw: calls.append(cfg) or {})
     result = CliRunner().invoke(cli_main.app, ["train", "--method", "untrained", "--budget",
                                                "pocket", "--run-dir", str(tmp_path / "u")])
@@ -287,7 +287,7 @@ def test_train_untrained_reaches_the_trainer_with_one_step(tmp_path, monkeypatch
 
 
 def test_the_grid_takes_the_methods_steps_too():
-    from musketeers.gridspec import load_grid
+    from musketeers.design.gridspec import load_grid
 
     runs = load_grid("pocket").runs
     untrained = [r for r in runs if r.fields["method"] == "untrained"]

@@ -14,8 +14,8 @@ import yaml
 from typer.testing import CliRunner
 
 from musketeers.config import TrainConfig, cli_fields, resolve_config
+from musketeers.design.gridspec import load_grid
 from musketeers.grid.run import _default_config_fn
-from musketeers.gridspec import load_grid
 
 # a valid non-default value for each field whose type alone does not give one (names that
 # the registries check); numbers and booleans are derived from the default below
@@ -115,7 +115,7 @@ def test_every_cli_field_is_settable_from_the_command_line(tmp_path, monkeypatch
         shown = ",".join(value) if isinstance(value, list) else str(value)
         args = [f"--{name.replace('_', '-')}", shown]
     seen: list[TrainConfig] = []
-    monkeypatch.setattr("musketeers.trainer.train", lambda cfg, **kw: seen.append(cfg) or {})
+    monkeypatch.setattr("musketeers.run.trainer.train", lambda cfg, **kw: seen.append(cfg) or {})
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(cli_main.app, ["train", *args])
     assert result.exit_code == 0, (args, result.output, result.exception)

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from musketeers import checkpoint as ckpt
-from musketeers import methods
-from musketeers.build import build_components
-from musketeers.data import epoch_rows
-from musketeers.grpo import compute_advantages
-from musketeers.planted import planted_config
-from musketeers.trainer import train
+from musketeers.checks.planted import planted_config
+from musketeers.method import methods
+from musketeers.method.grpo import compute_advantages
+from musketeers.run import checkpoint as ckpt
+from musketeers.run.build import build_components
+from musketeers.run.data import epoch_rows
+from musketeers.run.trainer import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -115,7 +115,7 @@ def test_advantages_span_the_whole_update():
     """RLOO+ per-task standardisation pools a task's prompts over every micro-batch."""
     from musketeers.cache.items import Item
     from musketeers.config import TrainConfig
-    from musketeers.rollout import Rollout, assign_advantages
+    from musketeers.method.rollout import Rollout, assign_advantages
 
     def rollout(sources, rewards):
         items = [Item(str(i), "q", "", "1", "{}", s) for i, s in enumerate(sources)]

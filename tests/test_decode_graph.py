@@ -6,9 +6,9 @@ import pytest
 import torch
 from test_policy import PROMPTS, ctx, make_policy
 
-from musketeers import policy as policy_module
-from musketeers.decode_graph import decode_fixed
-from musketeers.sampling import kv_cache
+from musketeers.method import policy as policy_module
+from musketeers.method.decode_graph import decode_fixed
+from musketeers.method.sampling import kv_cache
 
 
 def fixed(monkeypatch) -> None:
@@ -70,7 +70,7 @@ def test_a_cpu_policy_never_graphs_and_the_paper_budget_does_on_cuda(monkeypatch
     """Graphs are a CUDA feature: on a CPU the flag leaves the eager loop (which drops ended
     rows, faster there) in charge, so the paper budget can set it for every device."""
     from musketeers.budgets import BUDGETS
-    from musketeers.decode_graph import why_not_graphed
+    from musketeers.method.decode_graph import why_not_graphed
 
     assert BUDGETS["paper"]["decode_graphs"] is True
     pol = make_policy("qwen2")

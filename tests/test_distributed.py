@@ -18,10 +18,10 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
-from musketeers import checkpoint as ckpt
 from musketeers.cache.errors import UserError
-from musketeers.distributed import World
-from musketeers.planted import planted_config
+from musketeers.checks.planted import planted_config
+from musketeers.run import checkpoint as ckpt
+from musketeers.run.distributed import World
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TIMING = {"time_s", "phase_s", "work"}  # this rank's time, and the work it did
@@ -37,7 +37,7 @@ def config(store: Path, run: Path, steps: int = 3, seed: int = 0):
 def _spy(record: list[dict[str, Any]]):
     """Wrap the trainer's sampling pass: each prompt's completions and rewards, by (step,
     position in the update)."""
-    import musketeers.trainer as trainer
+    import musketeers.run.trainer as trainer
 
     real = trainer.sample
 
@@ -65,7 +65,7 @@ def _join(rank: int, world: int, port: int) -> None:
 def _rank(rank: int, world: int, port: int, cfgs: list, out: str, die_at: int | None) -> None:
     """One spawned rank: train its config, write what it sampled and any error to ``out``."""
     _join(rank, world, port)
-    from musketeers.trainer import train
+    from musketeers.run.trainer import train
 
     record: list[dict[str, Any]] = []
     _spy(record)
@@ -85,7 +85,7 @@ def _rank(rank: int, world: int, port: int, cfgs: list, out: str, die_at: int | 
 
 def _eval_rank(rank: int, world: int, port: int, run: str, out: str) -> None:
     _join(rank, world, port)
-    from musketeers.evaluate import evaluate
+    from musketeers.run.evaluate import evaluate
 
     result = evaluate(Path(run), batch_size=4)  # 16 val items: 4 batches, 2 per rank
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
@@ -148,7 +148,7 @@ def by_prompt(record: list[dict[str, Any]]) -> dict[tuple[int, int], dict[str, A
 @pytest.fixture(scope="module")
 def one_rank(planted_store, tmp_path_factory) -> tuple[Path, list[dict[str, Any]]]:
     """The reference: the same run in this process, one rank."""
-    from musketeers.trainer import train
+    from musketeers.run.trainer import train
 
     run = tmp_path_factory.mktemp("one") / "run"
     record: list[dict[str, Any]] = []
@@ -157,7 +157,7 @@ def one_rank(planted_store, tmp_path_factory) -> tuple[Path, list[dict[str, Any]
     try:
         train(config(planted_store, run))
     finally:
-        import musketeers.trainer as trainer
+        import musketeers.run.trainer as trainer
 
         trainer.sample = real
         torch.set_num_threads(threads)
@@ -188,9 +188,9 @@ def test_an_update_decoded_as_one_batch_samples_what_its_micro_batches_sample(
     """``decode_prompts`` sets how many rows share a decode step, not what any row draws."""
     from dataclasses import replace
 
-    import musketeers.trainer as trainer
-    from musketeers.policy import Policy
-    from musketeers.trainer import train
+    import musketeers.run.trainer as trainer
+    from musketeers.method.policy import Policy
+    from musketeers.run.trainer import train
 
     run1, record1 = one_rank
     batches: list[int] = []
@@ -213,7 +213,7 @@ def test_an_update_decoded_as_one_batch_samples_what_its_micro_batches_sample(
 
 
 def test_dead_rank_is_named_and_the_run_resumes_on_one_rank(planted_store, one_rank, tmp_path):
-    from musketeers.trainer import train
+    from musketeers.run.trainer import train
 
     run1, _ = one_rank
     run = tmp_path / "run"
@@ -229,7 +229,7 @@ def test_dead_rank_is_named_and_the_run_resumes_on_one_rank(planted_store, one_r
 
 
 def test_eval_split_across_ranks_equals_one_process(one_rank, tmp_path):
-    from musketeers.evaluate import evaluate
+    from musketeers.run.evaluate import evaluate
 
     run, _ = one_rank
     one = evaluate(run, batch_size=4)
@@ -262,7 +262,7 @@ def test_shards_cover_the_update_in_rank_order():
 
 
 def test_more_ranks_than_prompts_are_refused(planted_store, tmp_path):
-    from musketeers.trainer import check_world
+    from musketeers.run.trainer import check_world
 
     cfg = config(planted_store, tmp_path / "run")  # 2 × 2 prompts per update
     with pytest.raises(UserError, match="^5 ranks for an update of 4 prompts"):

@@ -1,4 +1,5 @@
-"""One experiment design (musketeers/experiment.py); the packaged grids are overlays on it."""
+"""One experiment design (musketeers/design/experiment.py); the packaged grids are overlays
+on it."""
 
 from __future__ import annotations
 
@@ -7,13 +8,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from musketeers import experiment
 from musketeers.budgets import BUDGETS
 from musketeers.cache.errors import UserError
 from musketeers.config import resolve_config
+from musketeers.design import experiment
+from musketeers.design.gridspec import BUDGETS as GRID_BUDGETS
+from musketeers.design.gridspec import grid_file, load_grid
 from musketeers.grid.status import stale_fields
-from musketeers.gridspec import BUDGETS as GRID_BUDGETS
-from musketeers.gridspec import grid_file, load_grid
 from musketeers.reports.report import report_dir
 
 REPO = Path(__file__).resolve().parents[1]

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from musketeers import grpo
+from musketeers.method import grpo
 
 R = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5]])
 

@@ -11,16 +11,16 @@ import torch
 import yaml
 from torch import nn
 
-from musketeers import methods
-from musketeers.adapter import AdapterOutput, ExpertAlignment, OutputProjection
+from musketeers.checks.planted import planted_config, write_planted_store
 from musketeers.config import TrainConfig
-from musketeers.evaluate import evaluate
+from musketeers.design.gridspec import load_grid
 from musketeers.grid.run import run_grid
-from musketeers.gridspec import load_grid
-from musketeers.planted import planted_config, write_planted_store
+from musketeers.method import methods
+from musketeers.method.adapter import AdapterOutput, ExpertAlignment, OutputProjection
+from musketeers.method.warmup import warms_up
 from musketeers.reports.report import write_report
-from musketeers.trainer import train
-from musketeers.warmup import warms_up
+from musketeers.run.evaluate import evaluate
+from musketeers.run.trainer import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

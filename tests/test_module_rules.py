@@ -4,6 +4,7 @@ imports one that imports it back, and no module passes 400 lines."""
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,14 @@ def test_no_two_modules_import_each_other_at_load():
 def test_no_module_passes_the_line_limit(module: str):
     n = len(modules()[module].read_text().splitlines())
     assert n <= MAX_LINES, f"{module} has {n} lines; split it along a seam"
+
+
+def test_every_package_folder_is_installed():
+    """pyproject lists its packages by hand: a folder left out imports from a checkout but
+    not from a wheel."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+                 ["packages"])
+    found = {".".join([package, *init.parent.relative_to(ROOT / folder).parts])
+             for folder, package in PACKAGES.items()
+             for init in (ROOT / folder).rglob("__init__.py")}
+    assert found - listed == set()

@@ -28,7 +28,7 @@ GRIDS = {
 
 @pytest.mark.parametrize("case", GRIDS)
 def test_a_malformed_grid_file_is_one_line_naming_it(tmp_path: Path, case: str):
-    from musketeers.gridspec import load_grid
+    from musketeers.design.gridspec import load_grid
 
     text, says = GRIDS[case]
     path = tmp_path / "g.yaml"
@@ -42,7 +42,7 @@ def test_a_malformed_grid_file_is_one_line_naming_it(tmp_path: Path, case: str):
 @pytest.mark.parametrize("line", [b"{}\n", b"[1, 2]\n", b'{"step": 2, "reward_mean": \xff}\n',
                                   b"\xfe\xff\n"])
 def test_a_stray_metrics_line_is_skipped_by_resume_and_summary(tmp_path: Path, line: bytes):
-    from musketeers.runlog import read_metrics, summarize, truncate_metrics
+    from musketeers.run.runlog import read_metrics, summarize, truncate_metrics
 
     rows = [{"step": s, "reward_mean": 0.1 * s, "exact": 0.0, "zero_var_frac": 0.5}
             for s in (1, 2, 3)]
@@ -57,7 +57,7 @@ def test_a_stray_metrics_line_is_skipped_by_resume_and_summary(tmp_path: Path, l
 
 @pytest.mark.parametrize("saved", ['{"experts": []}', '{"experts": "x"}', "[1]", '"x"'])
 def test_a_fingerprints_file_of_the_wrong_shape_is_one_line(tmp_path: Path, saved: str):
-    from musketeers.runfolder import FINGERPRINTS, check_store
+    from musketeers.run.runfolder import FINGERPRINTS, check_store
 
     (tmp_path / FINGERPRINTS).write_text(saved)
     with pytest.raises(UserError, match="fingerprints.json is unreadable.*start a new --run-dir"):
@@ -66,7 +66,7 @@ def test_a_fingerprints_file_of_the_wrong_shape_is_one_line(tmp_path: Path, save
 
 
 def test_an_over_long_run_dir_is_one_line(tmp_path: Path):
-    from musketeers.runfolder import check_run_dir
+    from musketeers.run.runfolder import check_run_dir
 
     with pytest.raises(UserError, match=r"cannot be used \(File name too long\); pass a "
                                         "shorter --run-dir"):
@@ -113,7 +113,7 @@ def read_only(tmp_path: Path):
 
 
 def test_eval_refuses_a_read_only_run_folder_before_it_evaluates(read_only, monkeypatch):
-    from musketeers import evaluate
+    from musketeers.run import evaluate
 
     def no_models(*a, **k):
         raise AssertionError("the evaluation started before the folder was checked")
@@ -127,7 +127,7 @@ def test_eval_refuses_a_read_only_run_folder_before_it_evaluates(read_only, monk
 
 
 def test_eval_on_a_full_disk_keeps_the_earlier_files_whole(tmp_path: Path):
-    from musketeers.evaluate import write_eval
+    from musketeers.run.evaluate import write_eval
 
     run = tmp_path / "run"
     run.mkdir()
@@ -137,7 +137,7 @@ def test_eval_on_a_full_disk_keeps_the_earlier_files_whole(tmp_path: Path):
         "import resource, signal, sys",
         "from pathlib import Path",
         "from musketeers.cache.errors import UserError",
-        "from musketeers.evaluate import write_eval",
+        "from musketeers.run.evaluate import write_eval",
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)",
         "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))",
         "try:",
@@ -159,8 +159,8 @@ def test_eval_reads_the_newer_checkpoint_when_training_prunes_the_one_it_read(tm
                                                                               monkeypatch):
     import shutil
 
-    from musketeers import checkpoint as ckpt
-    from musketeers.evaluate import load_newest
+    from musketeers.run import checkpoint as ckpt
+    from musketeers.run.evaluate import load_newest
 
     run = tmp_path / "run"
     _fake_run(run)
@@ -181,7 +181,7 @@ def test_eval_reads_the_newer_checkpoint_when_training_prunes_the_one_it_read(tm
 
 def test_a_grid_entry_list_is_read_as_before(tmp_path: Path):
     """The checks refuse only what load_grid cannot use: a valid grid still loads."""
-    from musketeers.gridspec import load_grid
+    from musketeers.design.gridspec import load_grid
 
     path = tmp_path / "g.yaml"
     path.write_text(yaml.safe_dump({"budget": "t", "seeds": [0, 1], "runs": [
@@ -190,7 +190,7 @@ def test_a_grid_entry_list_is_read_as_before(tmp_path: Path):
 
 
 def test_another_store_is_refused_with_the_quoted_folder_it_trained_on(tmp_path: Path):
-    from musketeers.runfolder import FINGERPRINTS, check_store
+    from musketeers.run.runfolder import FINGERPRINTS, check_store
 
     old = tmp_path / "old stores; rm -rf ~"
     (tmp_path / FINGERPRINTS).write_text(json.dumps({"cache_dir": str(old), "items": "a",

@@ -1,13 +1,14 @@
 """The planted-expert check: RLVR through the real trainer learns to use the one
 informative expert. Eight seeds: what holds on every seed is asked of each, the rest of the
-paired differences against the shuffled_reward control over the seeds (musketeers.planted)."""
+paired differences against the shuffled_reward control over the seeds
+(musketeers.checks.planted)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from musketeers.planted import CHANCE, MARGINS, check_rows, run_planted
+from musketeers.checks.planted import CHANCE, MARGINS, check_rows, run_planted
 
 SEEDS = list(MARGINS["plain"].seeds)
 STEPS = MARGINS["plain"].steps
@@ -48,7 +49,7 @@ def test_routing_concentrates_on_the_informative_expert(rows):
 def test_trained_runs_score_on_held_out_items(rows, workdir):
     """`musketeers eval` on the val split: new noise draws around the same digit codes, so the
     trained adapter must carry over (val once had codes of its own: chance by construction)."""
-    from musketeers.evaluate import evaluate
+    from musketeers.run.evaluate import evaluate
 
     exact = []
     for seed in SEEDS:
@@ -89,9 +90,10 @@ def test_check_needs_ours_to_beat_its_shuffled_reward_control(rows):
         assert r["reward_last"] <= 2 * CHANCE, r
 
 
-# ---- the chat variant: a chat template, multi-token answers, β > 0 (musketeers.planted_chat)
+# ---- the chat variant: a chat template, multi-token answers, β > 0
+# (musketeers.checks.planted_chat)
 # Only Ours and its control (the check judges one against the other; each run costs ~15 s on
-# a 2-core CPU), on the chat variant's seeds (figures at MARGINS in musketeers.planted).
+# a 2-core CPU), on the chat variant's seeds (figures at MARGINS in musketeers.checks.planted).
 
 CHAT_METHODS = ("perceiver", "shuffled_reward")
 CHAT_SEEDS = list(MARGINS["chat"].seeds)
@@ -109,7 +111,7 @@ def chat_run(tmp_path_factory):
 
 
 def _metrics(workdir, method, seed):
-    from musketeers.runlog import read_metrics
+    from musketeers.run.runlog import read_metrics
 
     return read_metrics(workdir / "runs" / f"planted-chat-{method}-s{seed}" / "metrics.jsonl")
 
@@ -126,9 +128,9 @@ def test_chat_variant_renders_prompts_through_the_template(tmp_path):
     prompt <|assistant|> (``context_position``'s default)."""
     import torch
 
-    from musketeers.build import build_policy
-    from musketeers.planted import planted_config
-    from musketeers.planted_chat import ROLES
+    from musketeers.checks.planted import planted_config
+    from musketeers.checks.planted_chat import ROLES
+    from musketeers.run.build import build_policy
     from musketeers.tasks import build_items
 
     cfg = planted_config("perceiver", 0, 2, tmp_path, tmp_path / "run", variant="chat")

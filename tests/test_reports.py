@@ -15,12 +15,12 @@ import pytest
 import yaml
 
 from musketeers.cache.errors import UserError
+from musketeers.design.gridspec import load_grid, run_name
 from musketeers.grid.fake import fake_evaluate, fake_train
 from musketeers.grid.needs import grid_needs, missing, open_task_store
 from musketeers.grid.run import run_grid
 from musketeers.grid.status import run_status
 from musketeers.grid.walltime import wall_time_lines
-from musketeers.gridspec import load_grid, run_name
 from musketeers.reports import aggregate as agg
 from musketeers.reports import series
 from musketeers.reports.claim_registry import paper_claims
@@ -830,7 +830,7 @@ def test_routing_changes_come_from_the_summary_when_it_has_them(tmp_path: Path):
 
 
 def test_table1_has_control_rows_after_the_methods(tmp_path: Path):
-    from musketeers import methods
+    from musketeers.method import methods
 
     controls = [m.name for m in methods.REGISTRY.values() if m.control_of]
     assert [row.key["method"] for row in TABLE1[-len(controls):]] == controls

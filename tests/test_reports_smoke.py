@@ -15,7 +15,7 @@ import yaml
 from typer.testing import CliRunner
 
 from musketeers.cli.main import app
-from musketeers.gridspec import load_grid
+from musketeers.design.gridspec import load_grid
 from musketeers.reports.tables import TABLE1, TABLE2, TASKS
 from musketeers.tasks.variants import task_title
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy import stats
 
-from musketeers.routing import batch_routing_stats, routing_entropy, spearman, utilisation
+from musketeers.method.routing import batch_routing_stats, routing_entropy, spearman, utilisation
 
 
 def test_entropy_uniform_is_log_n_and_one_hot_is_zero():

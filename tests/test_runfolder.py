@@ -14,12 +14,12 @@ import torch
 from safetensors import SafetensorError
 from typer.testing import CliRunner
 
-from musketeers import checkpoint as ckpt
 from musketeers.cache.errors import UserError
 from musketeers.cache.store import Lock, lock_path
+from musketeers.checks.planted import planted_config, write_planted_store
 from musketeers.config import read_run_config
-from musketeers.planted import planted_config, write_planted_store
-from musketeers.trainer import train
+from musketeers.run import checkpoint as ckpt
+from musketeers.run.trainer import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -60,7 +60,7 @@ def test_a_second_training_of_a_locked_run_folder_is_refused(planted_store, tmp_
 
 def test_eval_refuses_a_store_replaced_after_training(planted_store, tmp_path):
     """As --resume does: a run is never scored on another store than the one it trained on."""
-    from musketeers.evaluate import evaluate
+    from musketeers.run.evaluate import evaluate
 
     store = tmp_path / "stores"
     shutil.copytree(planted_store, store)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from musketeers.sampling import sample_tokens
+from musketeers.method.sampling import sample_tokens
 
 N = 40_000
 

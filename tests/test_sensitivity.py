@@ -13,11 +13,11 @@ from scipy import stats as sps
 
 from musketeers.cache.items import Item
 from musketeers.cache.prompts import oracle_view
+from musketeers.method.rollout import shuffle_within_groups
 from musketeers.reports import stats
 from musketeers.reports.aggregate import load_runs
 from musketeers.reports.probes import identical_share, probe, run_probes, wilson
 from musketeers.reports.verdict_table import COMPARISONS, verdict_markdown, verdict_rows
-from musketeers.rollout import shuffle_within_groups
 
 # --- the oracle expert ------------------------------------------------------------------------
 
@@ -70,7 +70,7 @@ def test_shuffled_rewards_keep_every_groups_rewards_and_move_them_within_it():
 
 
 def test_embedding_scale_gives_every_context_token_the_target_rms():
-    from musketeers.methods import build_adapter
+    from musketeers.method.methods import build_adapter
 
     vectors = [torch.randn(3, 16), torch.randn(3, 24)]
     near_zero = build_adapter("perceiver", [16, 24], 32, latents=4, d_model=32, heads=4)
@@ -236,7 +236,7 @@ def test_standardized_experts_are_centred_by_the_train_split_and_saved_with_the_
         tmp_path: Path):
     from safetensors.torch import load_file, save_file
 
-    from musketeers.methods import build_adapter
+    from musketeers.method.methods import build_adapter
 
     g = torch.Generator().manual_seed(0)
     shared = 50.0 * torch.randn(1, 16, generator=g)  # one large direction every item shares
@@ -259,10 +259,10 @@ def test_the_adapter_warm_up_fits_phi_alone_and_its_control_reads_its_own_vector
     """The warm-up lowers the gold NLL through C, leaves the policy's weights as they were,
     reads the vectors its method reads (deranged ones learn less) and is skipped where nothing
     in φ trains."""
-    from musketeers.build import build_components
-    from musketeers.planted import planted_config
-    from musketeers.trainer import train
-    from musketeers.warmup import gold_nll, warm_up_adapter
+    from musketeers.checks.planted import planted_config
+    from musketeers.method.warmup import gold_nll, warm_up_adapter
+    from musketeers.run.build import build_components
+    from musketeers.run.trainer import train
 
     def cfg(method: str, run: str, **kw):
         return planted_config(method, 0, 1, planted_store, tmp_path / run, prompts_per_micro=8,
@@ -299,9 +299,9 @@ def test_the_warm_up_can_fit_the_policys_lora_and_then_gives_single_the_same_ste
         planted_store, tmp_path: Path, one_thread):
     """warmup_policy_lr: the LoRA learns beside φ (the reader, not only what it reads), and a
     method without an adapter gets the same supervised steps on its LoRA alone."""
-    from musketeers.build import build_components
-    from musketeers.planted import planted_config
-    from musketeers.warmup import warm_up_adapter, warms_up
+    from musketeers.checks.planted import planted_config
+    from musketeers.method.warmup import warm_up_adapter, warms_up
+    from musketeers.run.build import build_components
 
     for method in ("perceiver", "single"):
         c = planted_config(method, 0, 1, planted_store, tmp_path / method, prompts_per_micro=8,
@@ -336,7 +336,7 @@ def test_the_channel_diagnostic_pairs_its_conditions_item_by_item():
 
 def test_validation_counts_each_question_once_and_only_with_a_gold_answer():
     from musketeers.cache.items import Item
-    from musketeers.data import scored_rows
+    from musketeers.run.data import scored_rows
 
     def item(i: int, q: str, a: str | None) -> Item:
         return Item(id=str(i), question=q, system="", answer=a, entry="{}", source="s")

@@ -11,12 +11,12 @@ import pytest
 import yaml
 
 from musketeers.cli import main as cli_main
+from musketeers.design.gridspec import load_grid
 from musketeers.grid.fake import fake_evaluate, fake_train
 from musketeers.grid.ledger import ledger_path, totals
 from musketeers.grid.publish import publish_ledger, publish_runs
 from musketeers.grid.run import run_grid
 from musketeers.grid.shard import parse_shard, shard
-from musketeers.gridspec import load_grid
 from musketeers.reports.aggregate import load_runs
 
 

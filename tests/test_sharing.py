@@ -6,7 +6,7 @@ import random
 import torch
 from transformers.cache_utils import DynamicCache
 
-from musketeers.sharing import cache_rows, common_head, length_chunks
+from musketeers.method.sharing import cache_rows, common_head, length_chunks
 
 
 def test_common_head_is_the_longest_shared_start_within_every_limit():

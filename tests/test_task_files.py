@@ -128,7 +128,7 @@ def test_a_bad_task_name_is_one_line(task, says):
 
 
 def test_nothing_is_written_before_the_task_file_is_checked(tmp_path: Path):
-    from musketeers.features import precompute_features
+    from musketeers.run.features import precompute_features
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("datasets: [{name: chain_sum, weight: 0}]")

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from musketeers import checkpoint as ckpt
-from musketeers.build import build_components
 from musketeers.cache.errors import UserError
+from musketeers.checks.planted import planted_config
 from musketeers.config import read_run_config
-from musketeers.planted import planted_config
+from musketeers.run import checkpoint as ckpt
+from musketeers.run.build import build_components
+from musketeers.run.trainer import NonFiniteError, train
 from musketeers.tasks import extract_answer
-from musketeers.trainer import NonFiniteError, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -87,7 +87,7 @@ def test_no_context_reward_is_logged_without_changing_training(planted_store, tm
 
 def test_no_context_reward_samples_the_policy_without_context(planted_store, tmp_path):
     """π_θ(y | x): the sampler gets no context positions, whatever the adapter would give."""
-    from musketeers.rollout import no_context_reward
+    from musketeers.method.rollout import no_context_reward
 
     cfg = small("perceiver", planted_store, tmp_path / "r", no_context_every=1)
     data, policy, _ = build_components(cfg, "train")
@@ -108,8 +108,8 @@ def test_no_context_reward_samples_the_policy_without_context(planted_store, tmp
 
 def test_hard_routing_loss_replays_the_rollouts_gumbel_draw():
     """The loss pass must condition on the expert each row was routed to while sampling."""
-    from musketeers.methods import build_adapter
-    from musketeers.rollout import adapter_context, rng_snapshot
+    from musketeers.method.methods import build_adapter
+    from musketeers.method.rollout import adapter_context, rng_snapshot
 
     torch.manual_seed(0)
     dims = [6, 10, 4]
@@ -199,7 +199,7 @@ def test_near_zero_adapter_matches_zero_context(planted_store, tmp_path):
 
 
 def test_eval_writes_accuracy_with_and_without_context(planted_store, tmp_path):
-    from musketeers.evaluate import evaluate
+    from musketeers.run.evaluate import evaluate
 
     run = tmp_path / "run"
     # bf16 (not the planted default float32), so a recorded dtype that ignored the config shows
@@ -299,7 +299,7 @@ def test_sigkill_mid_run_then_resume_equals_uninterrupted(planted_store, tmp_pat
 
 
 def test_eval_refuses_a_damaged_checkpoint(planted_store, tmp_path):
-    from musketeers.evaluate import evaluate
+    from musketeers.run.evaluate import evaluate
 
     run = tmp_path / "run"
     train(small("perceiver", planted_store, run, steps=2))

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from musketeers import checkpoint as ckpt
 from musketeers.config import resolve_config
-from musketeers.trainer import train
+from musketeers.run import checkpoint as ckpt
+from musketeers.run.trainer import train
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 # the experts the fixture stores hold (musketeers.cache.experts.TINY_EXPERTS)
@@ -64,11 +64,11 @@ def _two_steps(tmp_path: Path, method: str) -> None:
 
 
 def test_output_collab_puts_hints_in_the_prompt():
-    from musketeers.data import HINTS_HEADER, load_split
+    from musketeers.run.data import HINTS_HEADER, load_split
 
     cfg = resolve_config(None, dict(task="logic", team=None, experts=TINY, method="output_collab",
                                     budget="smoke", cache_dir=str(FIXTURES)))
-    from musketeers.build import expert_names_for
+    from musketeers.run.build import expert_names_for
 
     data = load_split(cfg, "train", expert_names_for(cfg), limit=3)
     assert data.vectors == [] and data.router is None
@@ -85,7 +85,7 @@ def test_two_steps_of_smollm2_on_a_real_cache(tmp_path):
                   max_new_tokens=8)
     summary = train(cfg)
     assert summary["steps"] == 2
-    from musketeers.evaluate import evaluate
+    from musketeers.run.evaluate import evaluate
 
     result = evaluate(Path(cfg.run_dir), limit=2)
     assert result["n"] == 2
@@ -113,7 +113,7 @@ def test_bench_paired_steps_alternate_cached_and_live(tmp_path):
 def test_first_token_pooling_is_one_vector_per_expert_and_flagged():
     """Every fixture prompt starts with the same template or system tokens, so first_token
     pooling gives each expert one constant vector; last-token pooling does not."""
-    from musketeers.data import load_split
+    from musketeers.run.data import load_split
 
     def constant(pooling: str) -> list[str]:
         cfg = resolve_config(None, dict(task="logic", team=None, experts=TINY, method="perceiver",
@@ -131,8 +131,8 @@ def test_evaluation_batches_by_length_and_keeps_the_split_order(tmp_path):
     """Logic prompts of unequal length: batches of 3 grouped by length give every item the
     completion it gets alone (batch 1, no padding), and the samples keep the split's order."""
     from musketeers.cache.reader import read_items
-    from musketeers.data import scored_rows
-    from musketeers.evaluate import evaluate, length_batches
+    from musketeers.run.data import scored_rows
+    from musketeers.run.evaluate import evaluate, length_batches
 
     cfg = run_cfg(tmp_path, "perceiver", steps=1)
     train(cfg)

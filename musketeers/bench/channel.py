@@ -4,7 +4,7 @@ The positive control of RL (the oracle team) asks whether GRPO finds expert help
 exists. This asks the question under it: with the policy frozen, can the adapter alone be
 trained to make the policy say the gold answer through C? The adapter is fitted by teacher
 forcing (maximise log π(gold completion | [x ‖ C])) on the train split, by the same
-warm-up a training run takes (``musketeers.warmup``), then the policy
+warm-up a training run takes (``musketeers.method.warmup``), then the policy
 answers validation items greedily with C, with C built from another item's vectors (a
 derangement: the item information removed) and without C. If C from the item's own vectors
 beats both, the channel carries item information and what RL lacks is signal, not capacity.
@@ -22,11 +22,11 @@ import time
 
 import torch
 
-from musketeers.build import build_components
 from musketeers.config import resolve_config
-from musketeers.methods import derangement
-from musketeers.rollout import adapter_context, policy_score
-from musketeers.warmup import warm_up_adapter
+from musketeers.method.methods import derangement
+from musketeers.method.rollout import adapter_context, policy_score
+from musketeers.method.warmup import warm_up_adapter
+from musketeers.run.build import build_components
 
 log = logging.getLogger("musketeers.channel")
 

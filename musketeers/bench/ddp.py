@@ -64,10 +64,10 @@ def child(params: dict[str, Any]) -> None:
     import torch
 
     from musketeers.bench.train_bench import force_full_length
-    from musketeers.build import build_components, make_optimizer
     from musketeers.config import resolve_config
-    from musketeers.distributed import World
-    from musketeers.trainer import train_step
+    from musketeers.run.build import build_components, make_optimizer
+    from musketeers.run.distributed import World
+    from musketeers.run.trainer import train_step
 
     torch.set_num_threads(params["threads"])
     cfg = resolve_config(overrides={

@@ -37,7 +37,7 @@ def random_policy(cfg):
     from musketeers.cache.devices import resolve_dtype
     from musketeers.cache.experts import load_tokenizer
     from musketeers.config import torch_dtype_name
-    from musketeers.policy import Policy
+    from musketeers.method.policy import Policy
     from musketeers.teams import expert_spec
 
     folder = os.environ[MODEL_DIR_ENV]

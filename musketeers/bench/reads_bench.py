@@ -48,7 +48,7 @@ def bench_reads(cache_dir: Path, n: int, reps: int, batch_rows: int,
     """Seconds to read the vectors, to load the whole split as a run does, and per lookup."""
     from musketeers.cache import reader
     from musketeers.config import TrainConfig
-    from musketeers.data import load_split
+    from musketeers.run.data import load_split
 
     names = write_store(cache_dir, n)
     vec_s = repeat(lambda: reader.read_vectors(cache_dir, TASK, "train", names, "last"), reps)

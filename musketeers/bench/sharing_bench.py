@@ -1,4 +1,4 @@
-"""What ``Policy``'s sharing saves (``musketeers.sharing``): the same passes with it off
+"""What ``Policy``'s sharing saves (``musketeers.method.sharing``): the same passes with it off
 (``Policy.share = False``: every prompt's tokens, completions padded to the batch's longest)
 and on, alternating in one process on one policy.
 
@@ -40,8 +40,8 @@ def bench_sharing(policy_name: str, task: str, reps: int, warmup: int, *, prompt
                   group: int = GROUP, new_tokens: int = NEW_TOKENS,
                   eval_batch: int = EVAL_BATCH) -> dict[str, Any]:
     """Alternating off/on pairs (the order flips each rep): seconds per mode, agreement."""
-    from musketeers.build import build_policy
     from musketeers.config import resolve_config
+    from musketeers.run.build import build_policy
     from musketeers.tasks import build_items
 
     threads = set_threads()

@@ -125,8 +125,8 @@ def markdown(rows: list[dict[str, Any]], policy: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from musketeers.build import build_policy
     from musketeers.config import TrainConfig
+    from musketeers.run.build import build_policy
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tasks", required=True, help="comma-separated task names")

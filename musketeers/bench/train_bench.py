@@ -85,9 +85,9 @@ def run_steps(params: dict[str, Any]) -> dict[str, Any]:
     ``live_step_s`` the live step right after each.
     """
     from musketeers.bench.roofline import model_shape
-    from musketeers.build import build_components, make_optimizer, team_specs
     from musketeers.cache.devices import resolve_dtype
-    from musketeers.trainer import train_step
+    from musketeers.run.build import build_components, make_optimizer, team_specs
+    from musketeers.run.trainer import train_step
 
     threads = set_threads()
     cfg = train_config(params)

@@ -45,7 +45,7 @@ def regime(name: str) -> dict[str, Any]:
     if name == "smollm2":
         return dict(SMOLLM2)
     from musketeers.budgets import BUDGETS
-    from musketeers.gridspec import grid_file
+    from musketeers.design.gridspec import grid_file
 
     raw = yaml.safe_load(grid_file("pocket").read_text())
     size, defaults = BUDGETS["pocket"], raw.get("defaults") or {}

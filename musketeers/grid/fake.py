@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import yaml
 
-from musketeers import methods
 from musketeers.config import TrainConfig
-from musketeers.runlog import eval_files, summarize
+from musketeers.method import methods
+from musketeers.run.runlog import eval_files, summarize
 
 FAKE_TEAMS = {
     "default": ["qwen-math", "qwen-coder", "llama-generalist"],
@@ -87,9 +87,9 @@ def fake_evaluate(run_dir: Path, limit: int | None = None, context: bool = True)
 
 def main(out: str) -> None:
     """Preview: run the smoke grid with the fake trainer, 3 seeds, and write its report."""
+    from musketeers.design.gridspec import load_grid
     from musketeers.grid.run import run_grid
     from musketeers.grid.walltime import wall_time_lines
-    from musketeers.gridspec import load_grid
     from musketeers.reports.report import write_report
 
     root = Path(out)

@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from musketeers import methods
 from musketeers.cache import layout
 from musketeers.cache.errors import UserError
 from musketeers.cache.layout import SPLITS
 from musketeers.config import TrainConfig
-from musketeers.features import cache_root
+from musketeers.design.gridspec import Grid
 from musketeers.grid.ledger import timed
-from musketeers.gridspec import Grid
+from musketeers.method import methods
+from musketeers.run.features import cache_root
 
 log = logging.getLogger(__name__)
 FIXTURES = Path("tests/fixtures")  # where `make fixtures` writes the smoke grid's stores
@@ -183,7 +183,7 @@ def ensure_cache(grid: Grid, settings: dict[str, Any] | None,
             unfilled.append(f"{need.task} features ({what}) in {need.cache_dir}; run: "
                             f"{_fill_command(need, todo, bool(hinted))}")
             continue
-        from musketeers.features import precompute_features
+        from musketeers.run.features import precompute_features
 
         log.info("precompute %s: %s%s", need.task, ", ".join(todo) or "-",
                  " + router" if router else "")

@@ -17,12 +17,12 @@ import os
 import shutil
 from pathlib import Path
 
+from musketeers.design.gridspec import Grid
 from musketeers.grid.ledger import ledger_path
 from musketeers.grid.portable import REWRITES
 from musketeers.grid.status import run_status
-from musketeers.gridspec import Grid
-from musketeers.runfolder import is_finished
-from musketeers.runlog import eval_files
+from musketeers.run.runfolder import is_finished
+from musketeers.run.runlog import eval_files
 
 ARTEFACTS = ("config.yaml", "metrics.jsonl", "summary.json", "fingerprints.json", "inputs.json",
              "error.txt", *eval_files(True), *eval_files(False))

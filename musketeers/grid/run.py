@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from musketeers.design.gridspec import Grid, GridRun
 from musketeers.grid.ledger import timed
 from musketeers.grid.status import (
     of_final_checkpoint,
@@ -23,8 +24,7 @@ from musketeers.grid.status import (
     set_aside,
     stale_fields,
 )
-from musketeers.gridspec import Grid, GridRun
-from musketeers.runlog import eval_files
+from musketeers.run.runlog import eval_files
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +47,8 @@ def _default_config_fn(fields: dict[str, Any]) -> Any:
 
 def _default_train_fn(cfg: Any) -> Path:
     """Train, resuming an earlier, interrupted attempt (from step 0 if it saved no checkpoint)."""
-    from musketeers.runfolder import has_run
-    from musketeers.trainer import train
+    from musketeers.run.runfolder import has_run
+    from musketeers.run.trainer import train
 
     run = cfg.run_path()
     train(cfg, resume=has_run(run))
@@ -57,8 +57,8 @@ def _default_train_fn(cfg: Any) -> Path:
 
 def _default_eval_fn(run_dir: Path, limit: int | None, context: bool) -> dict:
     from musketeers.config import read_run_config
-    from musketeers.evaluate import evaluate
-    from musketeers.trainer import torch_threads
+    from musketeers.run.evaluate import evaluate
+    from musketeers.run.trainer import torch_threads
 
     with torch_threads(read_run_config(run_dir).threads):  # the run's own thread setting
         return evaluate(run_dir, limit=limit, no_context=not context)

@@ -11,7 +11,7 @@ import re
 from dataclasses import replace
 
 from musketeers.cache.errors import UserError
-from musketeers.gridspec import Grid
+from musketeers.design.gridspec import Grid
 
 _SHARD = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
 

@@ -13,9 +13,9 @@ from typing import Any
 import yaml
 
 from musketeers.grid.ledger import discard
-from musketeers.methods import ignored
-from musketeers.runfolder import is_finished
-from musketeers.runlog import eval_files
+from musketeers.method.methods import ignored
+from musketeers.run.runfolder import is_finished
+from musketeers.run.runlog import eval_files
 
 log = logging.getLogger(__name__)
 

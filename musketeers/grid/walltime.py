@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from musketeers import methods
 from musketeers.config import TrainConfig
+from musketeers.design.gridspec import Grid
 from musketeers.grid.ledger import PHASES, ledger_path, run_seconds, totals
-from musketeers.gridspec import Grid
+from musketeers.method import methods
 from musketeers.reports.aggregate import Run, group_key
 from musketeers.reports.verdicts import bullet
 

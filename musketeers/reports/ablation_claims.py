@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from musketeers import experiment
+from musketeers.design import experiment
 from musketeers.reports.aggregate import Run, bernoulli_se, cell, select
 from musketeers.reports.controls import seed_spread
 from musketeers.reports.figures import LATENTS

@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import yaml
 
-from musketeers import methods
-from musketeers.methods import ignored
-from musketeers.routing import spearman
-from musketeers.runfolder import is_finished
-from musketeers.runlog import by_source, eval_files, mean_or_none, read_metrics
+from musketeers.method import methods
+from musketeers.method.methods import ignored
+from musketeers.method.routing import spearman
+from musketeers.run.runfolder import is_finished
+from musketeers.run.runlog import by_source, eval_files, mean_or_none, read_metrics
 from musketeers.tasks.variants import task_family
 
 GROUP_FIELDS = ("task", "method", "team", "pooling", "latents")

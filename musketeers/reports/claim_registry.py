@@ -44,7 +44,7 @@ class Claim:
     name: str
     says: str  # the finding, as the paper states it
     reads: tuple[dict[str, Any], ...]  # the cells' keys (besides task, pooling and latents)
-    control: str | None  # the method (musketeers.methods) it is stated against; None: none
+    control: str | None  # the method (musketeers.method.methods) it is stated against; None: none
     test: Callable[[Scope], list[str]]  # the claim's lines in the report
 
 

@@ -1,7 +1,7 @@
 """The paper's findings, each tested on our runs: its qualitative claims (§4.2–§4.4) and every
 table cell beside the paper's number. A verdict says whether a difference clears the noise
 of the runs behind it, since pocket-sized runs rarely do, and every claim for Ours is stated
-against a control (musketeers.methods) on the same seeds: Ours' exact against the
+against a control (musketeers.method.methods) on the same seeds: Ours' exact against the
 shuffled-experts control (does it need what the experts say about this item?), its routing
 (§4.3) against the shuffled-reward control (does reward, not the update itself, shape it?).
 A claim without its control run is no evidence either way, and says so. Accuracy here is
@@ -9,7 +9,7 @@ A claim without its control run is no evidence either way, and says so. Accuracy
 
 from __future__ import annotations
 
-from musketeers import methods
+from musketeers.method import methods
 from musketeers.reports.aggregate import Cell, Run, cell, select
 from musketeers.reports.controls import exact_control, reward_control, seed_spread
 from musketeers.reports.tables import (

@@ -1,4 +1,4 @@
-"""The control cells every claim for Ours is read against (musketeers.methods): its
+"""The control cells every claim for Ours is read against (musketeers.method.methods): its
 shuffled-experts control for exact, its shuffled-reward control for the regime and the
 reward, and the seed spread a one-seed cell is weighed against."""
 

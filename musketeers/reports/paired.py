@@ -19,7 +19,7 @@ from pathlib import Path
 
 from musketeers.cache.errors import UserError
 from musketeers.reports.aggregate import Cell, Run
-from musketeers.runlog import eval_files
+from musketeers.run.runlog import eval_files
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from musketeers.gridspec import Grid
-from musketeers.methods import ignored
+from musketeers.design.gridspec import Grid
+from musketeers.method.methods import ignored
 from musketeers.reports.aggregate import METRICS, Run, group_key, load_runs
 from musketeers.reports.by_source import by_source_markdown
 from musketeers.reports.claim_registry import paper_claims

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from musketeers import experiment, methods
+from musketeers.design import experiment
+from musketeers.method import methods
 from musketeers.reports.aggregate import Cell, Run, cell
 from musketeers.tasks.variants import task_title
 
@@ -20,7 +21,7 @@ DEFAULT_LATENTS = experiment.DEFAULT_LATENTS
 DEFAULT_POOLING = experiment.DEFAULT_POOLING
 # The method every claim is about; its controls are the registry's methods with
 # control_of == OURS. Exact (accuracy) claims are stated against the shuffled-experts control,
-# routing claims (§4.3) against the shuffled-reward one (musketeers.methods).
+# routing claims (§4.3) against the shuffled-reward one (musketeers.method.methods).
 OURS = experiment.OURS["method"]
 EXACT_CONTROL = "shuffled_experts"
 ROUTING_CONTROL = "shuffled_reward"
@@ -179,8 +180,8 @@ def table1_markdown(runs: list[Run], latents: int = DEFAULT_LATENTS,
     return (f"**Table 1 ({metric}).** {_legend(metric)}; last-token pooling, m = {latents}."
             "\n\n" + "\n".join(lines) + "\n" + _notes([
                 f"Paper: Qwen2.5-3B policy, 3 seeds; {PAPER_METRIC}.",
-                "n/r = not reported in the paper; n/a = a control (musketeers.methods), not in "
-                f"the paper; FAILED = every seed failed; — = not run; {UNKNOWN}.",
+                "n/r = not reported in the paper; n/a = a control (musketeers.method.methods), "
+                f"not in the paper; FAILED = every seed failed; — = not run; {UNKNOWN}.",
                 "The n in a row label is the paper's team size; a budget's own teams can "
                 "differ (see the report's team list).",
                 _variants_note(runs, tasks)]))

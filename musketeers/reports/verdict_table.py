@@ -27,7 +27,7 @@ from musketeers.reports.stats import (
     seeds_for_mde,
     verdict,
 )
-from musketeers.runlog import eval_files
+from musketeers.run.runlog import eval_files
 from musketeers.tasks.variants import task_title
 
 OURS: dict[str, Any] = {"method": "perceiver", "team": "default"}

@@ -27,16 +27,16 @@ from typing import Any
 
 import torch
 
-from musketeers import checkpoint as ckpt
-from musketeers import runfolder
-from musketeers.build import PolicyFactory, build_components
 from musketeers.cache.devices import dtype_name
 from musketeers.cache.errors import UserError
 from musketeers.cache.progress import progress
 from musketeers.config import read_run_config
-from musketeers.distributed import World
-from musketeers.rollout import adapter_context, policy_score
-from musketeers.runlog import by_source, eval_files
+from musketeers.method.rollout import adapter_context, policy_score
+from musketeers.run import checkpoint as ckpt
+from musketeers.run import runfolder
+from musketeers.run.build import PolicyFactory, build_components
+from musketeers.run.distributed import World
+from musketeers.run.runlog import by_source, eval_files
 from musketeers.tasks import extract_answer
 
 

@@ -5,7 +5,7 @@ One step, as in the paper's appendix 7:
      train item once per pass) and, per micro-batch, compute C with the adapter and sample G
      completions per prompt in one ``generate`` call; score each with the task's own scorer;
   2. turn the whole update's rewards into advantages (group / leave-one-out, reward
-     normalisation, optional dynamic sampling); see ``musketeers.rollout``;
+     normalisation, optional dynamic sampling); see ``musketeers.method.rollout``;
   3. old and reference log-probs without grad; μ inner iterations of the clipped GRPO loss,
      accumulated over the micro-batches, then one AdamW update each (grad clip, scheduler);
   4. one ``metrics.jsonl`` row: reward, exact, KL, loss, grad norm, lengths, truncated and
@@ -15,7 +15,7 @@ One step, as in the paper's appendix 7:
 No expert model is loaded: the pooled vectors of the whole split are read from the cache once.
 
 Under ``torchrun`` each rank samples its share of the step's prompts and the ranks exchange
-rewards, lengths, gradients and metrics (``musketeers.distributed``): N ranks make the same
+rewards, lengths, gradients and metrics (``musketeers.run.distributed``): N ranks make the same
 run as one. Rank 0 alone holds the run folder's lock and writes metrics, logs and checkpoints,
 which carry nothing of a rank, so a run resumes with any number of ranks.
 """
@@ -35,17 +35,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from musketeers import checkpoint as ckpt
-from musketeers import runfolder
-from musketeers.build import PolicyFactory, build_components, fetch_policy, make_optimizer
 from musketeers.cache.devices import dtype_name
 from musketeers.cache.errors import UserError
 from musketeers.cache.progress import progress
 from musketeers.config import TrainConfig
-from musketeers.data import SplitData, epoch_rows
-from musketeers.distributed import World
-from musketeers.grpo import grpo_loss, loss_denominator, zero_variance_groups
-from musketeers.rollout import (  # noqa: F401  (NonFiniteError: part of this API)
+from musketeers.method.grpo import grpo_loss, loss_denominator, zero_variance_groups
+from musketeers.method.rollout import (  # noqa: F401  (NonFiniteError: part of this API)
     FaultHook,
     NonFiniteError,
     VectorSource,
@@ -57,16 +52,21 @@ from musketeers.rollout import (  # noqa: F401  (NonFiniteError: part of this AP
     reference_passes,
     sample,
 )
-from musketeers.routing import batch_routing_stats
-from musketeers.runlog import (
+from musketeers.method.routing import batch_routing_stats
+from musketeers.method.warmup import warm_up_adapter, warms_up
+from musketeers.run import checkpoint as ckpt
+from musketeers.run import runfolder
+from musketeers.run.build import PolicyFactory, build_components, fetch_policy, make_optimizer
+from musketeers.run.data import SplitData, epoch_rows
+from musketeers.run.distributed import World
+from musketeers.run.runlog import (
     log_tb,
     mean_or_none,
     read_metrics,
     summarize,
     tensorboard,
 )
-from musketeers.step_profile import PhaseClock, step_work
-from musketeers.warmup import warm_up_adapter, warms_up
+from musketeers.run.step_profile import PhaseClock, step_work
 
 log = logging.getLogger("musketeers.train")
 
@@ -270,7 +270,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, policy_factory: PolicyFacto
     (tests use it to simulate a kill; ``--resume --steps N`` to stop one invocation early).
     ``vector_source`` replaces the cached vectors (the ``--live-experts`` benchmark path);
     ``cfg.live_experts`` without one is refused. The run folder is locked throughout
-    (musketeers.runfolder), so a second training of it is refused. Under ``torchrun`` every
+    (musketeers.run.runfolder), so a second training of it is refused. Under ``torchrun`` every
     rank calls this with the same config (refused otherwise); rank 0 holds the lock.
     """
     if cfg.live_experts and vector_source is None:
@@ -343,7 +343,7 @@ def _train(cfg: TrainConfig, resume: bool, policy_factory: PolicyFactory | None,
         world.on_rank0(lambda: fetch_policy(cfg))  # converted once, before every rank loads it
     data, policy, adapter = build_components(cfg, "train", policy_factory=policy_factory)
     optimizer, scheduler = make_optimizer(cfg, policy, adapter)
-    # samples come from per-prompt streams (musketeers.rollout); the checkpoint format still
+    # samples come from per-prompt streams (musketeers.method.rollout); the checkpoint format still
     # carries this run-level generator, so checkpoints old and new load alike
     generator = torch.Generator().manual_seed(cfg.seed)
     start = _restore(world, run, resume, policy, adapter, optimizer, scheduler, generator)
@@ -388,7 +388,7 @@ def _train(cfg: TrainConfig, resume: bool, policy_factory: PolicyFactory | None,
         with runfolder.disk_errors(run):
             summary = summarize(run, cfg.steps)
             if plot and end == cfg.steps:
-                from musketeers.plots import plot_run
+                from musketeers.run.plots import plot_run
 
                 plot_run(read_metrics(run / "metrics.jsonl"), run / "routing.png",
                          title=run.name)

@@ -4,7 +4,7 @@ Every adapter maps the pooled expert vectors h_i (one [B, d_i] tensor per expert
 from the cache) to context tokens C [B, m, d_policy] that the policy reads through
 ``inputs_embeds``, plus the matrix A [B, m, n] that shows how the m tokens draw on the n experts
 (Eq. 15's observable). The methods that use them, and the controls, are declared in
-``musketeers.methods``:
+``musketeers.method.methods``:
 
 - ``perceiver``      ours: m latent queries cross-attend over the aligned experts (Eq. 8–11)
 - ``no_cross_attn``  Eq. 14: the token-wise FFN over the stacked V, one token per expert

@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 
-from musketeers import methods
 from musketeers.config import TrainConfig
-from musketeers.data import SplitData, derived_seed
-from musketeers.rollout import adapter_context
+from musketeers.method import methods
+from musketeers.method.rollout import adapter_context
+from musketeers.run.data import SplitData, derived_seed
 
-log = logging.getLogger("musketeers.warmup")
+log = logging.getLogger("musketeers.method.warmup")
 _WARMUP_TAG = 0x3A2F  # derived_seed stream of the warm-up's item draws
 
 

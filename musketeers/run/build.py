@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from musketeers import methods
 from musketeers.cache.errors import UserError
 from musketeers.config import TrainConfig, torch_dtype_name
-from musketeers.data import load_split
-from musketeers.methods import build_adapter
+from musketeers.method import methods
+from musketeers.method.methods import build_adapter
+from musketeers.run.data import load_split
 
 PolicyFactory = Callable[[TrainConfig], Any]
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ def build_policy(cfg: TrainConfig):
     or a hub id (musketeers.teams.policy_spec), or a ``package.module:function`` factory."""
     if ":" in cfg.policy and not Path(cfg.policy).exists():
         return _policy_plugin(cfg.policy)(cfg)
-    from musketeers.policy import Policy
+    from musketeers.method.policy import Policy
     from musketeers.teams import policy_spec
 
     dtype = torch_dtype_name(cfg.dtype, cfg.device)

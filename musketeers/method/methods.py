@@ -31,13 +31,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from musketeers.adapter import (
+from musketeers.cache.errors import UserError
+from musketeers.method.adapter import (
     AdapterOutput,
     HardRoutingAdapter,
     NoCrossAttnAdapter,
     PerceiverAdapter,
 )
-from musketeers.cache.errors import UserError
 
 # (expert_dims, d_policy, options) -> adapter; options: latents, d_model, heads, router_dim,
 # out_init_std

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from musketeers.routing import spearman
+from musketeers.method.routing import spearman
 
 
 def mean_or_none(xs: list[float]) -> float | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from musketeers.cache.errors import UserError
-from musketeers.grid_yaml import is_int_list
+from musketeers.design.grid_yaml import is_int_list
 
 # The paper's task families, in its column order.
 FAMILIES = ("algorithmic", "arithmetic", "logic", "gsm8k")
@@ -148,7 +148,7 @@ def overlay_runs(raw: dict[str, Any], path: Path) -> list[dict[str, Any]]:
     unknown = set(parts) - set(PARTS)
     if unknown:
         raise UserError(f"grid {path}: unknown parts {sorted(unknown)}; the design has "
-                        f"{', '.join(PARTS)} (musketeers/experiment.py)")
+                        f"{', '.join(PARTS)} (musketeers/design/experiment.py)")
     runs = []
     for part in DESIGN:
         if part.name not in parts:

@@ -11,7 +11,7 @@ Where C goes (``context_position``). x is the input; the chat template's generat
 the header, ``before_prompt`` before everything. The paper initialises W_out near zero so that
 C ≈ 0 leaves the initial policy as it was (Eq. 11); only the first and last placements keep
 that promise. Measured on 8 arithmetic prompts, KL of the first completion token between
-π(·|x) and π(·|[x ‖ 0]) in nats (``python -m musketeers.probe --policy <name>``; the
+π(·|x) and π(·|[x ‖ 0]) in nats (``python -m musketeers.method.probe --policy <name>``; the
 SmolLM2 rows are checked by a test in tests/test_policy.py):
 
     policy                  m   after_prompt   before_generation_prompt   before_prompt
@@ -48,11 +48,15 @@ from torch import Tensor
 from musketeers.cache.backbone import pad
 from musketeers.cache.prompts import generation_prompt_len, render_prompt
 from musketeers.config import CONTEXT_POSITIONS
-from musketeers.decode_graph import decode_fixed, why_not_graphed
-from musketeers.policy_model import contiguous_input, target_modules, teacher_forced_attention
-from musketeers.prepack import prepacked_linears
-from musketeers.sampling import CACHE_KW, decode, kv_cache, token_logprobs
-from musketeers.sharing import cache_rows, common_head, length_chunks
+from musketeers.method.decode_graph import decode_fixed, why_not_graphed
+from musketeers.method.policy_model import (
+    contiguous_input,
+    target_modules,
+    teacher_forced_attention,
+)
+from musketeers.method.prepack import prepacked_linears
+from musketeers.method.sampling import CACHE_KW, decode, kv_cache, token_logprobs
+from musketeers.method.sharing import cache_rows, common_head, length_chunks
 
 # A forward's own cost, in tokens, when completions are split by length (length_chunks): on a
 # CPU a pass reads every weight once whatever it computes. Accelerators run one chunk: padding

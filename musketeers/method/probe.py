@@ -2,9 +2,9 @@
 
 Eq. 11 initialises W_out near zero so that C ≈ 0 leaves the initial policy where it was. This
 measures whether it does: the KL of the first completion token between π(·|x) and
-π(·|[x ‖ 0]), averaged over prompts, for each ``context_position`` (musketeers.policy).
+π(·|[x ‖ 0]), averaged over prompts, for each ``context_position`` (musketeers.method.policy).
 
-    python -m musketeers.probe --policy qwen2.5-coder-0.5b-instruct --task arithmetic -n 8
+    python -m musketeers.method.probe --policy qwen2.5-coder-0.5b-instruct --task arithmetic -n 8
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def first_token_kl(policy, prompt_ids: list[list[int]], m: int, position: str) -
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m musketeers.probe", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m musketeers.method.probe", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--policy", default="qwen2.5-coder-0.5b-instruct")
     p.add_argument("--task", default="arithmetic")
@@ -48,8 +48,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dtype", default="bfloat16")
     args = p.parse_args(argv)
 
-    from musketeers.build import build_policy
     from musketeers.config import resolve_config
+    from musketeers.run.build import build_policy
     from musketeers.tasks import build_items
 
     cfg = resolve_config(overrides={"policy": args.policy, "task": args.task,

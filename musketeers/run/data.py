@@ -13,10 +13,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from musketeers import methods
 from musketeers.cache import reader
 from musketeers.cache.items import Item
 from musketeers.config import TrainConfig
+from musketeers.method import methods
 from musketeers.tasks import read_checked_items
 
 HINTS_HEADER = "[Expert Hints]"
@@ -108,7 +108,7 @@ def scored_rows(items: list[Item]) -> list[int]:
 def load_split(cfg: TrainConfig, split: str, expert_names: list[str],
                limit: int | None = None) -> SplitData:
     """Read ``split`` of ``cfg.task`` for the run's method, once: what the method's registry
-    entry says it reads (``musketeers.methods``).
+    entry says it reads (``musketeers.method.methods``).
 
     A method that reads no expert (``single``) trains on any store. A store missing an expert
     of the team raises the reader's UserError naming the ``musketeers precompute`` command

@@ -29,14 +29,14 @@ import yaml
 import zarr
 from safetensors import SafetensorError
 
-from musketeers import checkpoint as ckpt
-from musketeers import methods
-from musketeers.build import expert_names_for
 from musketeers.cache import layout
 from musketeers.cache.errors import UserError
 from musketeers.cache.store import Lock, lock_path, store_path
 from musketeers.config import TrainConfig, read_run_config, save_config
-from musketeers.runlog import truncate_metrics
+from musketeers.method import methods
+from musketeers.run import checkpoint as ckpt
+from musketeers.run.build import expert_names_for
+from musketeers.run.runlog import truncate_metrics
 
 log = logging.getLogger("musketeers.train")
 

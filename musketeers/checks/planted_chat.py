@@ -1,6 +1,6 @@
 """The planted check's ``chat`` variant: multi-token answers, β > 0 and a chat template.
 
-The plain check (musketeers.planted) keeps its policy minimal: one token per answer, β = 0,
+The plain check (musketeers.checks.planted) keeps its policy minimal: one token per answer, β = 0,
 no template. That leaves three paths of every real run unproven by it: prompts rendered by a
 chat template with C placed before the generation prompt (``context_position``'s default),
 completions of several tokens sampled, stopped at EOS, decoded and graded by the normal
@@ -17,7 +17,7 @@ This variant runs them all on the same store, task and criteria:
   reference reaches 0.1-0.7 nats a token). Why not the paper's 0.04: θ_ref answers a uniform
   digit, so the KL pulls the answer back towards chance, and at 0.04 it held the reward of
   seeds 1, 2 and 4 at 0.28-0.29, under the check's 0.30 in 50 steps; at 0.01 seeds 0-4 all
-  pass (reward 0.37-0.60; ``musketeers.planted.MARGINS``).
+  pass (reward 0.37-0.60; ``musketeers.checks.planted.MARGINS``).
 
 Why a warm-up. A random policy almost never samples the exact four-token format (the chance
 of ``<answer> d </answer> [EOS]`` in a 20-word vocabulary is ~1e-5), so every reward is 0,
@@ -35,10 +35,10 @@ from typing import Any
 
 import torch
 
+from musketeers.checks.tiny_llama import tiny_llama
 from musketeers.config import TrainConfig
-from musketeers.tiny_llama import tiny_llama
 
-POLICY = "musketeers.planted_chat:planted_chat_policy"
+POLICY = "musketeers.checks.planted_chat:planted_chat_policy"
 ROLES = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
 OPEN, CLOSE = "<answer>", "</answer>"
 DIGITS = tuple(str(d) for d in range(10))
@@ -52,7 +52,7 @@ CHAT_TEMPLATE = (
 MAX_NEW_TOKENS = 5  # the four answer tokens and one spare: a format slip is truncated, not cut
 WARMUP_STEPS = 60  # 40 left digits from 5% to 19% on seed 0; 60 gives 6-12.5%, ~2 s
 BETA = 0.01  # > 0 for the KL path; why not 0.04: the module docstring
-CHAT_STEPS = 50  # GRPO steps the check's margins (musketeers.planted.MARGINS) are sized for
+CHAT_STEPS = 50  # GRPO steps the check's margins (musketeers.checks.planted.MARGINS) are sized for
 WARMUP_LR = 3e-3
 WARMUP_BATCH = 32
 
@@ -122,7 +122,7 @@ def warm_up(model: torch.nn.Module, tokenizer: Any, seed: int, *, steps: int = W
 def planted_chat_policy(cfg: TrainConfig):
     """The plain check's tiny llama on the chat tokenizer, warmed up to the answer format,
     then wrapped in the project's Policy (LoRA attached after the warm-up)."""
-    from musketeers.policy import Policy
+    from musketeers.method.policy import Policy
 
     tokenizer = chat_tokenizer()
     model = tiny_llama(cfg, tokenizer)

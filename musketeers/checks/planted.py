@@ -30,15 +30,15 @@ from musketeers.cache import from_memory, layout
 from musketeers.cache import store as st
 from musketeers.cache.errors import UserError
 from musketeers.cache.items import items_fingerprint
+from musketeers.checks.planted_chat import CHAT_STEPS, chat_overrides
+from musketeers.checks.tiny_llama import tiny_llama
 from musketeers.config import TrainConfig, resolve_config
-from musketeers.planted_chat import CHAT_STEPS, chat_overrides
 from musketeers.reports.aggregate import mean_std
-from musketeers.tiny_llama import tiny_llama
 
 # No name below is known to the trainer: the team is a team file written beside the store and
 # the policy a ``module:function`` factory, the paths any user's own team and model take.
 TEAM_FILE = "planted.team.yaml"
-POLICY = "musketeers.planted:planted_policy"
+POLICY = "musketeers.checks.planted:planted_policy"
 EXPERTS = ("noise-a", "oracle", "noise-b")  # the informative one is not first
 ORACLE = "oracle"
 DIM = 32
@@ -119,7 +119,7 @@ def planted_tokenizer():
 
 def planted_policy(cfg: TrainConfig):
     """A tiny random llama (seeded by ``cfg.seed``) wrapped in the project's Policy."""
-    from musketeers.policy import Policy
+    from musketeers.method.policy import Policy
 
     tokenizer = planted_tokenizer()
     model = tiny_llama(cfg, tokenizer)
@@ -129,7 +129,7 @@ def planted_policy(cfg: TrainConfig):
 def planted_config(method: str, seed: int, steps: int, cache_dir: Path, run_dir: Path,
                    variant: str = "plain", **overrides: Any) -> TrainConfig:
     """The planted run's TrainConfig: one new token, small batches, a fast adapter lr; the
-    ``chat`` variant's policy, answer length and β from musketeers.planted_chat."""
+    ``chat`` variant's policy, answer length and β from musketeers.checks.planted_chat."""
     values = dict(task="planted", team=None, team_file=str(Path(cache_dir) / TEAM_FILE),
                   method=method, pooling="last", policy=POLICY,
                   budget="smoke", seed=seed, cache_dir=str(cache_dir), run_dir=str(run_dir),
@@ -158,8 +158,8 @@ def run_planted(seeds: list[int], steps: int, workdir: Path,
     """Train every (method, seed) on one planted store; one summary row per run, tagged with
     ``variant`` (whose margins ``check_rows`` then applies)."""
     variant_overrides(variant)  # an unknown variant fails before any store is written
-    from musketeers.runlog import read_metrics
-    from musketeers.trainer import torch_threads, train
+    from musketeers.run.runlog import read_metrics
+    from musketeers.run.trainer import torch_threads, train
 
     workdir = Path(workdir)
     cache_dir = workdir / "stores"
@@ -210,7 +210,7 @@ class Margins:
 MARGINS = {
     "plain": Margins(STEPS, SEEDS, MIN_REWARD_WITH_C, MAX_REWARD_SINGLE,
                      MIN_REWARD_GAIN_OVER_CONTROL, MIN_RHO_BELOW_CONTROL),
-    # The chat variant (musketeers.planted_chat) is held to the same criteria, not relaxed.
+    # The chat variant (musketeers.checks.planted_chat) is held to the same criteria, not relaxed.
     # Measured at 50 steps on a 2-core AMD EPYC (AVX2), Ours vs shuffled_reward, β = 0.01,
     # seeds 0-4 (new code): reward last 0.66/0.41/0.50/0.51/0.34 (control 0.04/0.10/0.11/
     # 0.05/0.00), oracle gain +0.122/+0.120/+0.084/+0.149/+0.101 (control +0.042/+0.005/

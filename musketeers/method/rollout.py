@@ -11,7 +11,7 @@ micro-batch:
      standardisation pools every prompt of a task in the update (per micro-batch, most
      prompts had no other of their dataset and LOO only rescaled GRPO); the
      ``shuffled_reward`` control permutes each group's rewards here; under data parallelism
-     each rank gathers every rank's rewards first (``musketeers.distributed``);
+     each rank gathers every rank's rewards first (``musketeers.run.distributed``);
   3. ``reference_passes``: old and reference log-probs of the groups that enter the loss.
 """
 
@@ -24,14 +24,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from musketeers import methods
 from musketeers.cache.errors import UserError
 from musketeers.cache.items import Item
 from musketeers.config import TrainConfig
-from musketeers.data import SplitData, derived_seed
-from musketeers.distributed import World
-from musketeers.grpo import compute_advantages, zero_variance_groups
-from musketeers.step_profile import decode_batches
+from musketeers.method import methods
+from musketeers.method.grpo import compute_advantages, zero_variance_groups
+from musketeers.run.data import SplitData, derived_seed
+from musketeers.run.distributed import World
+from musketeers.run.step_profile import decode_batches
 
 # (step, tensor name, tensor) -> tensor: lets tests inject faults (NaN) at named points.
 FaultHook = Callable[[int, str, torch.Tensor], torch.Tensor]

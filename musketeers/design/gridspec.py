@@ -16,11 +16,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from musketeers import experiment
 from musketeers.cache.errors import UserError
 from musketeers.cache.store import store_name
-from musketeers.grid_yaml import check_grid, read_grid_yaml
-from musketeers.methods import fixed_steps, ignored
+from musketeers.design import experiment
+from musketeers.design.grid_yaml import check_grid, read_grid_yaml
+from musketeers.method.methods import fixed_steps, ignored
 
 BUDGETS = ("smoke", "pocket", "paper")
 # Order of the fields in a run's name.
