@@ -312,6 +312,46 @@ def test_wall_time_projection_scales_another_familys_runs_by_this_familys(tmp_pa
                     "(1 from another family's runs of their kind)")
 
 
+def test_main_comparison_costs_each_family_a_night_on_the_grids_own_seeds(
+        tmp_path: Path, monkeypatch):
+    """Only the grid's own seeds count (a part's extra seed adds power, not the main
+    comparison); a family's stores cost every precompute call of its task, an interrupted
+    one too, and an expert never precomputed in this ledger costs another family's call
+    for it; a family over the night is said not to fit."""
+    import musketeers.grid.walltime as walltime
+
+    path = tmp_path / "g.yaml"
+    path.write_text(yaml.safe_dump({
+        "budget": "t", "seeds": [0], "defaults": {"budget": "t", "pooling": "last",
+                                                  "latents": 8, "team": "default"},
+        "runs": [{"task": ["arithmetic", "logic"], "method": ["single", "perceiver"]},
+                 {"task": "arithmetic", "method": "single", "seeds": [0, 1]}]}))
+    grid = load_grid(path)
+    assert grid.seeds == [0] and len(grid.runs) == 5
+    runs_dir = tmp_path / "runs"
+    run_grid(grid, runs_dir, partial(fake_train, steps=3), fake_evaluate, IDENTITY)
+    (runs_dir / "t-logic-perceiver-default-last-m8-s0" / "eval.json").unlink()
+    rows = [{"phase": "train", "name": run.name, "ok": True,
+             "seconds": 7200 if "perceiver" in run.name else 3600} for run in grid.runs]
+    team = "qwen2.5-coder-0.5b-instruct, smollm2-135m-instruct"
+    rows += [{"phase": "precompute", "name": n, "seconds": s, "ok": ok} for n, s, ok in [
+        (f"arithmetic: {team}", 1800, True), ("arithmetic: gemma-3-270m", 600, True),
+        (f"logic: {team}", 1000, False), ("logic: smollm2-135m-instruct", 400, True)]]
+    (runs_dir / "ledger-t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setattr(walltime, "NIGHT_HOURS", 3.6)
+    text = walltime.main_comparison_by_family(grid, agg.load_runs(runs_dir), runs_dir)[0]
+    head, arithmetic, logic = text.split("\n  - ")
+    assert head.endswith("every cell on the grid's seeds 0), one family a night (`--tasks`), "
+                         "from the same measurements")
+    # 3600 + 7200 s of runs (seed 1's Single left out) and 1800 + 600 s of stores
+    assert arithmetic == ("arithmetic: 2 runs (2 done), 3.00 h + its stores 0.67 h = 3.67 h: "
+                          "does not fit a 3.6-hour night")
+    # Logic's Ours at Arithmetic's; its gemma store at Arithmetic's call for it
+    assert logic == ("logic: 2 runs (1 done), 3.00 h projected (1 from another family's runs "
+                     "of their kind) + its stores 0.56 h (1 of them at another family's "
+                     "measured call) = 3.56 h: fits a 3.6-hour night")
+
+
 def test_report_says_which_dtype_each_half_ran_in(tmp_path: Path):
     """config.yaml keeps `auto`; the report counts the dtype each run's training and
     evaluation resolved to on their machines (inputs.json, eval.json)."""

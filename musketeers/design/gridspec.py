@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,8 @@ class Grid:
     # the report folder and ledger's name (the YAML's ``name``, default the budget), so a
     # finished grid can be kept as a published result beside the budget's current grid
     name: str = ""
+    # the YAML's own seeds: the main comparison; a part's longer seed list adds power beyond it
+    seeds: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.name = self.name or self.budget
@@ -161,4 +163,5 @@ def load_grid(
         estimate=str(raw.get("estimate", "")).strip(),
         precompute=raw.get("precompute") or None,
         name=str(raw.get("name") or ""),  # Grid defaults it to the budget
+        seeds=[int(s) for s in grid_seeds],
     )

@@ -91,6 +91,22 @@ def run_seconds(path: Path) -> dict[str, float]:
     return out
 
 
+def precompute_calls(path: Path) -> list[tuple[str, list[str], float]]:
+    """(task, experts, seconds) of every precompute call, finished or not (an interrupted one
+    keeps the experts it completed; its resumption computes the rest), a store's last
+    computation only (a grid resumed on a machine without the stores computes them again)."""
+    out = []
+    if not path.is_file():
+        return out
+    for row, name, stale in _calls(path):
+        if row["phase"] == "precompute" and not stale:
+            task, _, what = name.partition(": ")  # "<task>: <e1, e2>[ + hints]", or router
+            experts = what.removesuffix(" + hints")
+            out.append((task, [] if experts == "router" else experts.split(", "),
+                        float(row["seconds"])))
+    return out
+
+
 def _calls(path: Path) -> Iterator[tuple[dict, str, bool]]:
     """Every call of the ledger, its run, and whether a later ``discard`` of that run made
     it stale. A torn line (the process killed mid-write) is skipped."""
