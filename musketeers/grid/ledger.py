@@ -91,6 +91,12 @@ def run_seconds(path: Path) -> dict[str, float]:
     return out
 
 
+def precompute_name(task: str, experts: list[str], hints: bool) -> str:
+    """A precompute call's name in the ledger: "<task>: <e1, e2>[ + hints]", or the router's
+    ("<task>: router"); ``precompute_calls`` reads it back."""
+    return f"{task}: {', '.join(experts) or 'router'}{' + hints' if hints else ''}"
+
+
 def precompute_calls(path: Path) -> list[tuple[str, list[str], float]]:
     """(task, experts, seconds) of every precompute call, finished or not (an interrupted one
     keeps the experts it completed; its resumption computes the rest), a store's last
@@ -100,7 +106,7 @@ def precompute_calls(path: Path) -> list[tuple[str, list[str], float]]:
         return out
     for row, name, stale in _calls(path):
         if row["phase"] == "precompute" and not stale:
-            task, _, what = name.partition(": ")  # "<task>: <e1, e2>[ + hints]", or router
+            task, _, what = name.partition(": ")  # precompute_name's
             experts = what.removesuffix(" + hints")
             out.append((task, [] if experts == "router" else experts.split(", "),
                         float(row["seconds"])))

@@ -13,7 +13,7 @@ from musketeers.cache.errors import UserError
 from musketeers.cache.layout import SPLITS
 from musketeers.config import TrainConfig
 from musketeers.design.gridspec import Grid
-from musketeers.grid.ledger import timed
+from musketeers.grid.ledger import precompute_name, timed
 from musketeers.method import methods
 from musketeers.run.features import cache_root
 
@@ -192,7 +192,7 @@ def ensure_cache(grid: Grid, settings: dict[str, Any] | None,
         for names, hints in batches:
             if not names and todo:
                 continue
-            what = f"{need.task}: {', '.join(names) or 'router'}{' + hints' if hints else ''}"
+            what = precompute_name(need.task, names, hints)
             # router only: the grid's own experts (all complete: their fingerprints are checked,
             # nothing is recomputed), not another team's
             experts = [need.args.get(n, n) for n in names or need.experts]

@@ -46,8 +46,10 @@ def _projection(grid: Grid, runs: list[Run], secs: dict[str, float]):
     another family's runs of its kind scaled by how this family's done runs compare with that
     family's (a family with long prompts costs more for every method, and a method that reads
     experts costs more in every family); with none of its kind anywhere, None. Returns
-    ``cost(run) -> (seconds or None, done, borrowed)``."""
+    ``cost(run) -> (seconds or None, done, borrowed)``, or None when no run is done."""
     done = {r.name for r in runs if r.status == "done"} & set(secs)
+    if not done:
+        return None
 
     def kind(g) -> tuple[str, tuple]:
         reads = methods.get(str(g.fields.get("method", TrainConfig.method))).uses_experts
@@ -91,20 +93,24 @@ def _hours(grid_runs, cost) -> tuple[int, float, float, int, int]:
     return n_done, measured, total, borrowed, unknown
 
 
-def _notes(borrowed: int, unknown: int) -> str:
-    notes = ([f"{borrowed} from another family's runs of their kind"] if borrowed else []) + (
-        [f"{unknown} with no done run of their kind, not counted"] if unknown else [])
+def _aside(notes: list[str]) -> str:
+    """The non-empty ``notes`` as one parenthesis after a figure, or nothing."""
+    notes = [n for n in notes if n]
     return f" ({'; '.join(notes)})" if notes else ""
+
+
+def _notes(borrowed: int, unknown: int) -> str:
+    return _aside([f"{borrowed} from another family's runs of their kind" if borrowed else "",
+                   f"{unknown} with no done run of their kind, not counted" if unknown else ""])
 
 
 def wall_time_by_stage(grid: Grid, runs: list[Run], runs_dir: Path) -> list[str]:
     """Per stage of the grid: its runs done, their measured hours, and the stage's whole
     wall time projected from them (``_projection``), so a grid that outlasts one invocation
     says how long it still needs."""
-    secs = run_seconds(ledger_path(runs_dir, grid.name))
-    if not {r.name for r in runs if r.status == "done"} & set(secs):
+    cost = _projection(grid, runs, run_seconds(ledger_path(runs_dir, grid.name)))
+    if cost is None:
         return []
-    cost = _projection(grid, runs, secs)
     parts = []
     for stage in sorted({g.stage for g in grid.runs}):
         stage_runs = [g for g in grid.runs if g.stage == stage]
@@ -147,11 +153,10 @@ def main_comparison_by_family(grid: Grid, runs: list[Run], runs_dir: Path) -> li
     (a part's extra seeds add power beyond it), measured or projected as by stage, plus the
     family's stores' measured precompute, against a night of ``NIGHT_HOURS``."""
     path = ledger_path(runs_dir, grid.name)
-    secs = run_seconds(path)
     main = [g for g in grid.runs if g.fields.get("seed", 0) in set(grid.seeds)]
-    if not main or not {r.name for r in runs if r.status == "done"} & set(secs):
+    cost = _projection(grid, runs, run_seconds(path))
+    if not main or cost is None:
         return []
-    cost = _projection(grid, runs, secs)
     stores = _stores(grid, path)
     parts = []
     for task in dict.fromkeys(str(g.fields.get("task")) for g in main):
@@ -160,10 +165,10 @@ def main_comparison_by_family(grid: Grid, runs: list[Run], runs_dir: Path) -> li
         store_s, store_borrowed, store_missing = stores.get(task, (0.0, 0, 0))
         night = (total + store_s) / 3600
         fits = night <= NIGHT_HOURS and not (unknown or store_missing)
-        notes = ([f"{store_borrowed} of them at another family's measured call"]
-                 if store_borrowed else []) + (
-            [f"{store_missing} experts never measured, not counted"] if store_missing else [])
-        store_note = f" ({'; '.join(notes)})" if notes else ""
+        store_note = _aside([
+            f"{store_borrowed} of them at another family's measured call" if store_borrowed
+            else "", f"{store_missing} experts never measured, not counted" if store_missing
+            else ""])
         parts.append(
             f"{group_key(family[0].fields)['task']}: {len(family)} runs ({n_done} done), "
             f"{total / 3600:.2f} h{' projected' if n_done < len(family) else ''}"
