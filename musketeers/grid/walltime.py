@@ -165,10 +165,10 @@ def main_comparison_by_family(grid: Grid, runs: list[Run], runs_dir: Path) -> li
         store_s, store_borrowed, store_missing = stores.get(task, (0.0, 0, 0))
         night = (total + store_s) / 3600
         fits = night <= NIGHT_HOURS and not (unknown or store_missing)
-        store_note = _aside([
-            f"{store_borrowed} of them at another family's measured call" if store_borrowed
-            else "", f"{store_missing} experts never measured, not counted" if store_missing
-            else ""])
+        store_note = _aside(
+            [f"{store_borrowed} of them at another family's measured call" if store_borrowed
+             else "",
+             f"{store_missing} experts never measured, not counted" if store_missing else ""])
         parts.append(
             f"{group_key(family[0].fields)['task']}: {len(family)} runs ({n_done} done), "
             f"{total / 3600:.2f} h{' projected' if n_done < len(family) else ''}"
