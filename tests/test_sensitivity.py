@@ -17,7 +17,12 @@ from musketeers.method.rollout import shuffle_within_groups
 from musketeers.reports import stats
 from musketeers.reports.aggregate import load_runs
 from musketeers.reports.probes import identical_share, probe, run_probes, wilson
-from musketeers.reports.verdict_table import COMPARISONS, verdict_markdown, verdict_rows
+from musketeers.reports.verdict_table import (
+    COMPARISONS,
+    VerdictRow,
+    verdict_markdown,
+    verdict_rows,
+)
 
 # --- the oracle expert ------------------------------------------------------------------------
 
@@ -205,6 +210,24 @@ def test_the_verdict_table_says_how_many_seeds_would_detect_five_points(tmp_path
     assert row.test.mde > 5 and k is not None and k > 3
     table = "\n".join(verdict_markdown([row]))
     assert f"- oracle > Single, Arithmetic: {k} seeds (now 3, smallest detectable " in table
+
+
+def test_past_the_seeds_it_could_run_the_table_names_the_lever_that_limits_it(tmp_path: Path):
+    """Seeds that spread by tens of points are not cured by grading more items, and items
+    too few to resolve the target are not cured by more seeds: the line names which."""
+    wild = stats.paired_seed_test([40.0, -20.0, 30.0], item_se=0.87, items=400)
+    few = stats.paired_seed_test([2.0, -1.0, 0.5], item_se=3.0, items=400)
+    assert stats.seeds_for_mde(wild, 5.0) is None and stats.seeds_for_mde(few, 5.0) is None
+    assert stats.items_floor(wild) < 5.0 < stats.items_floor(few)
+    rows = []
+    for test in (wild, few):
+        row = VerdictRow(COMPARISONS[0], "arithmetic", 50.0, 50.0 - test.diff, test)
+        row.p_adjusted = 1.0
+        rows.append(row)
+    lines = [x for x in verdict_markdown(rows) if x.startswith(f"- {COMPARISONS[0].name}")]
+    assert len(lines) == 2
+    assert "grade more items" not in lines[0] and "spread by 32.1 points" in lines[0]
+    assert "grade more items" in lines[1] and f"{stats.items_floor(few):.1f}" in lines[1]
 
 
 def test_the_verdict_table_refuses_to_compare_runs_trained_in_other_dtypes(tmp_path: Path):

@@ -118,6 +118,14 @@ def seeds_for_mde(test: SeedTest, target: float, most: int = MOST_SEEDS) -> int 
     return None
 
 
+def items_floor(test: SeedTest) -> float:
+    """The smallest effect ``test``'s comparison could detect on infinitely many seeds: its
+    items' noise alone (every seed grades the same items, so seeds never average it away)."""
+    if test.item_var <= 0 or test.items < 2:
+        return 0.0
+    return mde(math.sqrt(test.item_var), test.items - 1)
+
+
 def holm(pvalues: list[float | None]) -> list[float | None]:
     """Holm's step-down adjustment of ``pvalues`` (None entries are left out and kept)."""
     idx = [i for i, p in enumerate(pvalues) if p is not None]

@@ -23,6 +23,7 @@ from musketeers.reports.stats import (
     PLANNED_MDE,
     SeedTest,
     holm,
+    items_floor,
     paired_seed_test,
     seeds_for_mde,
     verdict,
@@ -204,9 +205,16 @@ def power_lines(rows: list[VerdictRow], target: float = PLANNED_MDE) -> list[str
                 or (r.p_adjusted is not None and r.p_adjusted < ALPHA)):
             continue
         k = seeds_for_mde(r.test, target)
-        need = (f"{k} seeds" if k is not None else
-                f"not within {MOST_SEEDS} seeds, the items' noise held as measured: grade "
-                "more items")
+        floor = items_floor(r.test)
+        if k is not None:
+            need = f"{k} seeds"
+        elif floor > target:
+            need = (f"not within {MOST_SEEDS} seeds: the items' noise alone could detect no "
+                    f"less than {floor:.1f} points; grade more items")
+        else:
+            need = (f"not within {MOST_SEEDS} seeds: its per-seed differences spread by "
+                    f"{math.sqrt(r.test.seed_var):.1f} points (sd); steadier runs, not more "
+                    "seeds or items")
         out.append(f"- {r.comparison.name}, {task_title(r.task)}: {need} "
                    f"(now {r.test.seeds}, smallest detectable {r.test.mde:.1f})")
     if not out:
