@@ -212,7 +212,7 @@ def test_the_verdict_table_says_how_many_seeds_would_detect_five_points(tmp_path
     assert f"- oracle > Single, Arithmetic: {k} seeds (now 3, smallest detectable " in table
 
 
-def test_past_the_seeds_it_could_run_the_table_names_the_lever_that_limits_it(tmp_path: Path):
+def test_past_the_seeds_it_could_run_the_table_names_the_lever_that_limits_it():
     """Seeds that spread by tens of points are not cured by grading more items, and items
     too few to resolve the target are not cured by more seeds: the line names which."""
     wild = stats.paired_seed_test([40.0, -20.0, 30.0], item_se=0.87, items=400)

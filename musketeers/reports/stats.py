@@ -123,7 +123,7 @@ def items_floor(test: SeedTest) -> float:
     items' noise alone (every seed grades the same items, so seeds never average it away)."""
     if test.item_var <= 0 or test.items < 2:
         return 0.0
-    return mde(math.sqrt(test.item_var), test.items - 1)
+    return mde(*_noise(0.0, 2, test.item_var, test.items))
 
 
 def holm(pvalues: list[float | None]) -> list[float | None]:
