@@ -31,10 +31,18 @@ def planted(
 
     With C (perceiver) the reward must rise above chance (0.1) by more than in its
     shuffled_reward control on every seed, and over the seeds the informative expert's
-    utilisation must rise and ρ(reward, H) fall by more than in the control, beyond two
-    standard errors; without C (single) it stays at chance.
+    utilisation must rise and ρ(reward, H) fall by more than in the control, beyond a paired
+    t test over the seeds; without C (single) it stays at chance.
     """
-    from musketeers.checks.planted import MARGINS, VARIANTS, check_rows, print_table, run_planted
+    from musketeers.checks.planted import (
+        CONTROL,
+        MARGINS,
+        VARIANTS,
+        check_rows,
+        paired_verdicts,
+        print_table,
+        run_planted,
+    )
 
     if variant not in VARIANTS:
         raise UserError(f"--variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
@@ -51,6 +59,9 @@ def planted(
     with tempfile.TemporaryDirectory(prefix="planted-") as tmp:
         rows = run_planted(seed_list, steps, workdir or Path(tmp), variant=variant)
     print_table(rows)
+    # every verdict with its measured margin, passed or not: how far it is from its noise
+    for v in paired_verdicts(rows, MARGINS[variant]):
+        typer.echo(f"Ours − {CONTROL}, {v.line()}")
     failed = check_rows(rows)
     for line in failed:
         typer.echo(f"FAILED: {line}")

@@ -193,3 +193,34 @@ def test_chat_check_fails_when_broken(chat_run):
     # the plain variant's control does not stand in for the chat variant's
     plain = [dict(r, variant="plain") for r in controls]
     assert any("no shuffled_reward run" in line for line in check_rows(ours + plain))
+
+
+def test_no_expert_stands_out_by_its_scale():
+    """The oracle differs from the noise experts only in what it encodes, not in how loud it
+    is: a louder oracle drew attention under shuffled rewards too (the control's drift)."""
+    from musketeers.checks.planted import EXPERTS, ORACLE, planted_vectors
+
+    noise = 0.5
+    digits = np.random.default_rng(0).integers(0, 10, 4000)
+    for seed in range(3):
+        vectors = planted_vectors(digits, seed=seed, noise=noise)
+        power = {name: float((v**2).mean()) for name, v in vectors.items()}
+        for name in EXPERTS:
+            if name != ORACLE:  # the oracle's code + noise has E[h²] = 1 + noise² as well
+                assert abs(power[name] - (1 + noise**2)) < 0.05, (seed, power)
+        # the oracle's ten codes are one draw, so its power varies by seed, but not by a
+        # scale the others lack
+        assert 0.8 < power[ORACLE] / power[EXPERTS[0]] < 1.2, (seed, power)
+
+
+def test_paired_verdict_uses_the_t_distribution_of_its_seeds():
+    """A mean of 2.2 SE passes a normal 2 SE rule but not t at df = 4 (2.78) or 7 (2.36); 3 SE
+    passes both. Fewer than MIN_SEEDS never pass."""
+    from musketeers.checks.planted import MIN_SEEDS, Verdict
+
+    assert not Verdict("x", 2.2, 1.0, 5, 0.0).passed
+    assert not Verdict("x", 2.2, 1.0, 8, 0.0).passed
+    assert Verdict("x", 3.0, 1.0, 8, 0.0).passed
+    assert not Verdict("x", 100.0, 1.0, MIN_SEEDS - 1, 0.0).passed
+    assert not Verdict("x", 3.0, 1.0, 8, 5.0).passed  # below its floor
+    assert "t = 3.0" in Verdict("x", 3.0, 1.0, 8, 0.0).line()

@@ -12,9 +12,9 @@ rises and ρ(reward, H) < 0; ``single`` stays at chance. Each of these is judged
 ``shuffled_reward`` control on the same seed (rewards permuted within each update: as much
 gradient, none of its meaning): on every seed Ours must gain more reward than its control, and
 over the seeds its paired differences in reward gain, oracle utilisation gain and ρ must clear
-two standard errors (``check_rows``). Routing entropy is printed but is no criterion: it falls under
-shuffled rewards too (seed 1 fell 0.44 nats shuffled, 0.29 real, measured on an AMD EPYC),
-so a falling entropy is no evidence that reward shaped the routing.
+a paired t test at df = seeds − 1 (``check_rows``). Routing entropy is printed but is no
+criterion: it falls under shuffled rewards too, so a falling entropy is no evidence that
+reward shaped the routing.
 """
 
 from __future__ import annotations
@@ -49,19 +49,23 @@ CHANCE = 0.1
 
 def planted_vectors(digits: np.ndarray, seed: int, split: str = "train",
                     noise: float = 0.5) -> dict[str, np.ndarray]:
-    """Per expert [N, DIM]: the oracle's code(digit) + noise; the others N(0, 1) noise.
+    """Per expert [N, DIM]: the oracle's code(digit) + noise; the others pure noise of the
+    same per-dimension variance (1 + noise²).
 
-    The ten codes come from ``seed`` alone, so train and val share them (a trained run then
-    scores on val); each split draws its own noise.
+    Equal variance keeps the oracle from standing out by its norm alone: when it was louder
+    (the others N(0, 1)), its keys drew attention under shuffled rewards too, and that drift
+    was most of the routing verdict's noise. The ten codes come from ``seed`` alone, so train
+    and val share them (a trained run then scores on val); each split draws its own noise.
     """
     rng = np.random.default_rng(seed)
     codes = rng.standard_normal((10, DIM)).astype(np.float32)
-    if split != "train":  # train keeps the stream it always had (the check's margins)
+    if split != "train":
         rng = np.random.default_rng([seed, *split.encode()])
+    loud = np.float32(math.sqrt(1 + noise**2))
     out = {}
     for name in EXPERTS:
         eps = rng.standard_normal((len(digits), DIM)).astype(np.float32)
-        out[name] = codes[digits] + noise * eps if name == ORACLE else eps
+        out[name] = codes[digits] + noise * eps if name == ORACLE else loud * eps
     return out
 
 
@@ -179,18 +183,20 @@ def run_planted(seeds: list[int], steps: int, workdir: Path,
 
 
 # Training length and seeds the check is sized for. Its dynamics are chaotic at the level of
-# rounding (a change of summation order alone moves one seed across its control), so each seed
-# is asked only what held on all 8 seeds measured at 100 steps; the rest is judged on the
-# seeds' paired differences, which cleared 2 SE there.
+# rounding (a change of summation order alone moves one seed across its control, and the
+# same regime's routing verdict measured t = 4.6 on an AMD EPYC and 1.5 on an Intel Xeon), so
+# each seed is asked only what held on every seed measured, and the rest is judged on the
+# seeds' paired differences with a margin: 12 seeds, where 8 gave t = 2.4-5.8 for the oracle's
+# utilisation across nearby regimes (docs/benchmarks-history.md, "the planted check's margin").
 STEPS = 100
-SEEDS = tuple(range(8))
+SEEDS = tuple(range(12))
 MIN_SEEDS = 3  # fewer give no standard error worth the name
 
 # What the check demands: of every seed, and of the mean over seeds of Ours minus its control.
 MIN_REWARD_WITH_C = 3 * CHANCE  # mean over seeds of Ours' last reward
 MAX_REWARD_SINGLE = 2 * CHANCE  # every seed of Single
-MIN_REWARD_GAIN_OVER_CONTROL = 0.15  # mean paired difference, and above 2 SE
-MIN_RHO_BELOW_CONTROL = 0.3  # mean paired difference, and beyond 2 SE
+MIN_REWARD_GAIN_OVER_CONTROL = 0.15  # mean paired difference, and beyond its t test
+MIN_RHO_BELOW_CONTROL = 0.3  # mean paired difference, and beyond its t test
 CONTROL = "shuffled_reward"
 
 
@@ -210,15 +216,9 @@ class Margins:
 MARGINS = {
     "plain": Margins(STEPS, SEEDS, MIN_REWARD_WITH_C, MAX_REWARD_SINGLE,
                      MIN_REWARD_GAIN_OVER_CONTROL, MIN_RHO_BELOW_CONTROL),
-    # The chat variant (musketeers.checks.planted_chat) is held to the same criteria, not relaxed.
-    # Measured at 50 steps on a 2-core AMD EPYC (AVX2), Ours vs shuffled_reward, β = 0.01,
-    # seeds 0-4 (new code): reward last 0.66/0.41/0.50/0.51/0.34 (control 0.04/0.10/0.11/
-    # 0.05/0.00), oracle gain +0.122/+0.120/+0.084/+0.149/+0.101 (control +0.042/+0.005/
-    # +0.036/+0.071/0.000), ρ -0.92/-0.91/-0.89/-0.87/-0.80 (control +0.09/-0.61/-0.23/+0.47/
-    # +0.34). With β = 0.04 (the paper's), seeds 1, 2 and 4 ended at reward 0.280/0.294/0.286:
-    # the KL to a reference that answers a uniform digit held them back. Tried at 0.04 before,
-    # none better on every seed: 80 steps, lr 5e-3, lr = adapter_lr = 2e-2, adapter_lr 3e-2,
-    # G = 16 × 16 prompts.
+    # The chat variant (musketeers.checks.planted_chat) is held to the same criteria, not
+    # relaxed, on 5 seeds at 80 steps (at 50, two seeds ended at reward 0.15-0.19 once the
+    # noise experts were as loud as the oracle; figures in docs/benchmarks-history.md).
     "chat": Margins(CHAT_STEPS, tuple(range(5)), MIN_REWARD_WITH_C, MAX_REWARD_SINGLE,
                     MIN_REWARD_GAIN_OVER_CONTROL, MIN_RHO_BELOW_CONTROL),
 }
@@ -235,7 +235,8 @@ def check_rows(rows: list[dict[str, Any]]) -> list[str]:
     variant; a seed without its control fails, since its gains would then prove nothing.
     Of every seed: Single stays near chance, and Ours' reward gain exceeds its control's. Over
     the seeds (at least ``MIN_SEEDS``), the paired differences Ours − control must clear
-    their margin and 2 SE: reward gain, oracle utilisation gain, and ρ(reward, H) (below).
+    their margin and a t test (``paired_verdicts``): reward gain, oracle utilisation gain,
+    and ρ(reward, H) (below).
     Each variant is held to its ``MARGINS`` (a row without one is ``plain``).
     """
     bad = []
@@ -272,7 +273,53 @@ def _check_variant(rows: list[dict[str, Any]], m: Margins, tag: str) -> list[str
     if reward < m.min_reward_with_c:
         bad.append(f"Ours{tag}: mean reward {reward:.3f} < {m.min_reward_with_c:.2f} over "
                    f"{len(seeds)} seeds")
+    return bad + [f"Ours{tag} − {CONTROL}, {v.line()}" for v in paired_verdicts(rows, m)
+                  if not v.passed]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One paired comparison of Ours against its control over the seeds: it passes when the
+    mean difference exceeds its floor and the two-sided 95 % t critical value (df = n − 1)
+    times its standard error. ``t`` is the margin actually measured, in standard errors."""
+
+    what: str
+    mean: float
+    se: float
+    n: int
+    floor: float
+
+    @property
+    def critical(self) -> float:
+        from scipy import stats
+
+        return float(stats.t.ppf(0.975, self.n - 1))
+
+    @property
+    def t(self) -> float:
+        return self.mean / self.se if self.se > 0 else math.copysign(math.inf, self.mean)
+
+    @property
+    def passed(self) -> bool:
+        return self.n >= MIN_SEEDS and self.mean > max(self.floor, self.critical * self.se)
+
+    def line(self) -> str:
+        verb = "clears" if self.passed else "does not clear"
+        return (f"{self.what}: {self.mean:+.3f} over {self.n} seeds (SE {self.se:.3f}, "
+                f"t = {self.t:.1f}) {verb} max({self.floor}, t{self.n - 1} 97.5 % = "
+                f"{self.critical:.2f} SE = {self.critical * self.se:.3f})")
+
+
+def paired_verdicts(rows: list[dict[str, Any]], m: Margins) -> list[Verdict]:
+    """Ours − ``shuffled_reward`` on the seeds both ran (at least ``MIN_SEEDS``): reward
+    gain, oracle utilisation gain, and −ρ(reward, H). Empty with fewer seeds."""
+    ours = {r["seed"]: r for r in rows if r["method"] == "perceiver"}
+    controls = {r["seed"]: r for r in rows if r["method"] == CONTROL}
+    seeds = sorted(ours.keys() & controls.keys())
+    if len(seeds) < MIN_SEEDS:
+        return []
     rho = [s for s in seeds if ours[s]["rho"] is not None and controls[s]["rho"] is not None]
+    out = []
     for what, diffs, floor in (
             ("reward gain", [_gain(ours[s], "reward") - _gain(controls[s], "reward")
                              for s in seeds], m.min_reward_gain_over_control),
@@ -281,11 +328,9 @@ def _check_variant(rows: list[dict[str, Any]], m: Margins, tag: str) -> list[str
             ("-ρ(reward, H)", [controls[s]["rho"] - ours[s]["rho"] for s in rho],
              m.min_rho_below_control)):
         mean, sd = mean_std(diffs)  # paired over seeds: SE = sd / √n
-        se = math.inf if sd is None else sd / math.sqrt(len(diffs))
-        if not mean > max(floor, 2 * se):
-            bad.append(f"Ours{tag} − {CONTROL}, {what}: {mean:+.3f} over {len(diffs)} seeds "
-                       f"does not clear max({floor}, 2 SE = {2 * se:.3f})")
-    return bad
+        se = math.inf if sd is None or len(diffs) < 2 else sd / math.sqrt(len(diffs))
+        out.append(Verdict(what, mean, se, len(diffs), floor))
+    return out
 
 
 def _window(values: list[float], frac: float, last: bool) -> float:

@@ -17,7 +17,7 @@ This variant runs them all on the same store, task and criteria:
   reference reaches 0.1-0.7 nats a token). Why not the paper's 0.04: θ_ref answers a uniform
   digit, so the KL pulls the answer back towards chance, and at 0.04 it held the reward of
   seeds 1, 2 and 4 at 0.28-0.29, under the check's 0.30 in 50 steps; at 0.01 seeds 0-4 all
-  pass (reward 0.37-0.60; ``musketeers.checks.planted.MARGINS``).
+  pass (``musketeers.checks.planted.MARGINS``).
 
 Why a warm-up. A random policy almost never samples the exact four-token format (the chance
 of ``<answer> d </answer> [EOS]`` in a 20-word vocabulary is ~1e-5), so every reward is 0,
@@ -52,7 +52,7 @@ CHAT_TEMPLATE = (
 MAX_NEW_TOKENS = 5  # the four answer tokens and one spare: a format slip is truncated, not cut
 WARMUP_STEPS = 60  # 40 left digits from 5% to 19% on seed 0; 60 gives 6-12.5%, ~2 s
 BETA = 0.01  # > 0 for the KL path; why not 0.04: the module docstring
-CHAT_STEPS = 50  # GRPO steps the check's margins (musketeers.checks.planted.MARGINS) are sized for
+CHAT_STEPS = 80  # GRPO steps the check's margins (musketeers.checks.planted.MARGINS) are sized for
 WARMUP_LR = 3e-3
 WARMUP_BATCH = 32
 
