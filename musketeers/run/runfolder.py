@@ -206,12 +206,14 @@ def check_store(cfg: TrainConfig, run: Path, now: dict[str, Any] | None = None) 
     return True
 
 
-def restore(run: Path, resume: bool, model, adapter, optimizer, scheduler, generator) -> int:
+def restore(run: Path, resume: bool, model, adapter, optimizer, scheduler, generator,
+            unverified: bool = False) -> int:
     """The step the loop starts at: the newest intact checkpoint's, or 0 (said plainly when a
-    resumed run had none); metrics.jsonl keeps only the rows before it."""
+    resumed run had none); metrics.jsonl keeps only the rows before it. ``unverified`` (the
+    user's ``--resume-unverified``) loads checkpoints that carry no manifest of this user's."""
     if not resume:
         return 0
-    state = ckpt.load_latest(run, model, adapter, optimizer, scheduler, generator)
+    state = ckpt.load_latest(run, model, adapter, optimizer, scheduler, generator, unverified)
     start = state["step"] if state is not None else 0
     if state is None:
         log.warning("%s has no checkpoint yet (killed before its first save): restarting it "
