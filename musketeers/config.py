@@ -170,13 +170,16 @@ class TrainConfig:
         """``run_dir`` if given, else ``runs/<task>-<team>-<method>-<pooling>-s<seed>`` (a task
         file by its store's name: a path's slashes would nest the folder)."""
         from musketeers.cache.store import store_name
+        from musketeers.cache.untrusted import safe_name
 
         if self.run_dir:
             return Path(self.run_dir)
         team = self.team or "custom"
         pooling = self.pooling.replace(":", "")
         task = store_name(self.task)
-        return Path("runs") / f"{task}-{team}-{self.method}-{pooling}-s{self.seed}"
+        name = safe_name(f"{task}-{team}-{self.method}-{pooling}-s{self.seed}", "run name",
+                         "pass plain --team/--method/--pooling values, or --run-dir")
+        return Path("runs") / name
 
 
 def _check_type(key: str, value: Any, hint: Any) -> Any:
