@@ -263,18 +263,15 @@ def torch_threads(n: int | None):
 
 def train(cfg: TrainConfig, *, resume: bool = False, policy_factory: PolicyFactory | None = None,
           fault: FaultHook | None = None, vector_source: VectorSource | None = None,
-          stop_after: int | None = None, plot: bool = True,
-          unverified: bool = False) -> dict[str, Any]:
+          stop_after: int | None = None, plot: bool = True, unverified: bool = False
+          ) -> dict[str, Any]:
     """Run (or resume) the training described by ``cfg``; returns the summary.
 
-    ``unverified`` (``--resume-unverified``) resumes from checkpoints whose manifest is missing
-    or signed with another user's key (musketeers.run.checkpoint).
-
     ``stop_after`` ends the loop after that many steps in total without finishing the run
-    (tests use it to simulate a kill; ``--resume --steps N`` to stop one invocation early).
-    ``vector_source`` replaces the cached vectors (the ``--live-experts`` benchmark path);
-    ``cfg.live_experts`` without one is refused. The run folder is locked throughout
-    (musketeers.run.runfolder), so a second training of it is refused. Under ``torchrun`` every
+    (tests use it to simulate a kill; ``--resume --steps N`` to stop one invocation early);
+    ``unverified``, ``--resume-unverified``. ``vector_source`` replaces the cached vectors (the
+    ``--live-experts`` benchmark path); ``cfg.live_experts`` without one is refused. The run
+    folder is locked throughout (musketeers.run.runfolder): a second training is refused. Under ``torchrun`` every
     rank calls this with the same config (refused otherwise); rank 0 holds the lock.
     """
     if cfg.live_experts and vector_source is None:
@@ -339,8 +336,8 @@ def _metrics_file(run, lead: bool) -> Iterator[Any]:
 
 def _train(cfg: TrainConfig, resume: bool, policy_factory: PolicyFactory | None,
            fault: FaultHook | None, vector_source: VectorSource | None,
-           stop_after: int | None, plot: bool, world: World,
-           unverified: bool = False) -> dict[str, Any]:
+           stop_after: int | None, plot: bool, world: World, unverified: bool = False
+           ) -> dict[str, Any]:
     run = cfg.run_path()
     lead = world.rank == 0
     fingerprints = world.on_rank0(lambda: runfolder.prepare(cfg, run, resume))
