@@ -271,8 +271,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, policy_factory: PolicyFacto
     (tests use it to simulate a kill; ``--resume --steps N`` to stop one invocation early);
     ``unverified``, ``--resume-unverified``. ``vector_source`` replaces the cached vectors (the
     ``--live-experts`` benchmark path); ``cfg.live_experts`` without one is refused. The run
-    folder is locked throughout (musketeers.run.runfolder): a second training is refused. Under ``torchrun`` every
-    rank calls this with the same config (refused otherwise); rank 0 holds the lock.
+    folder is locked throughout (musketeers.run.runfolder): a second training is refused.
+    Under ``torchrun`` every rank calls this with one config (else refused); rank 0 locks.
     """
     if cfg.live_experts and vector_source is None:
         raise UserError("--live-experts is a benchmark-only path; run it through musketeers.bench")
