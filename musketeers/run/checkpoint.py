@@ -42,6 +42,7 @@ PREFIX = "step-"
 MANIFEST = "manifest.json"
 PICKLED = "state.pt"  # the old format's state: a pickle, never loaded (it can run code)
 UNVERIFIED = "--resume-unverified"
+LORA_FILE = "lora/adapter_model.safetensors"
 DAMAGED = "damaged-"  # a damaged checkpoint's new name prefix: kept for a look, never loaded
 
 log = logging.getLogger("musketeers.train")
@@ -220,10 +221,21 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def _read(rel: str, what: Any) -> Any:
+    """``what()``, any failure of it a DamagedCheckpoint naming ``rel``."""
+    try:
+        return what()
+    except Exception as exc:  # noqa: BLE001 - any unreadable file means "damaged"
+        why = (str(exc).splitlines() or [""])[0][:160]
+        raise DamagedCheckpoint(f"{rel} is unreadable ({type(exc).__name__}: {why})") from None
+
+
 def _read_weights(folder: Path, with_adapter: bool
                   ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
-    lora = load_file(str(Path(folder) / "lora" / "adapter_model.safetensors"))
-    adapter = load_file(str(Path(folder) / "adapter.safetensors")) if with_adapter else None
+    lora_file, adapter_file = Path(folder) / LORA_FILE, Path(folder) / "adapter.safetensors"
+    lora = _read(LORA_FILE, lambda: load_file(str(lora_file)))
+    adapter = (_read(adapter_file.name, lambda: load_file(str(adapter_file)))
+               if with_adapter else None)
     return lora, adapter
 
 
@@ -246,7 +258,7 @@ def _check_weights(model: torch.nn.Module, adapter: torch.nn.Module | None,
     """DamagedCheckpoint, before anything is applied, when the weights do not fit the run."""
     from peft import get_peft_model_state_dict
 
-    damage = _shape_damage("lora/adapter_model.safetensors", lora,
+    damage = _shape_damage(LORA_FILE, lora,
                            get_peft_model_state_dict(model))
     if damage is None and adapter is not None and adapter_state is not None:
         damage = _shape_damage("adapter.safetensors", adapter_state, adapter.state_dict())
@@ -265,18 +277,10 @@ def _apply_weights(model: torch.nn.Module, adapter: torch.nn.Module | None,
         adapter.load_state_dict(adapter_state)
 
 
-def _read(folder: Path, what: Any) -> Any:
-    try:
-        return what()
-    except Exception as exc:  # noqa: BLE001 - any unreadable file means "damaged"
-        why = (str(exc).splitlines() or [""])[0][:120]
-        raise DamagedCheckpoint(f"unreadable ({type(exc).__name__}: {why})") from None
-
-
 def load_weights(folder: Path, model: torch.nn.Module, adapter: torch.nn.Module | None) -> None:
     """LoRA (PEFT format) and adapter φ from a checkpoint into live modules; DamagedCheckpoint
     when a file is unreadable or does not fit the modules (nothing applied then)."""
-    lora, adapter_state = _read(folder, lambda: _read_weights(folder, adapter is not None))
+    lora, adapter_state = _read_weights(folder, adapter is not None)
     _apply_weights(model, adapter, lora, adapter_state)
 
 
@@ -292,8 +296,8 @@ def load_checkpoint(folder: Path, model: torch.nn.Module, adapter: torch.nn.Modu
     problem = verify_checkpoint(folder, unverified)
     if problem is not None:
         raise DamagedCheckpoint(problem)
-    lora, adapter_state = _read(folder, lambda: _read_weights(folder, adapter is not None))
-    state = _read(folder, lambda: state_file.read_state(folder))
+    lora, adapter_state = _read_weights(folder, adapter is not None)
+    state = _read(state_file.JSON, lambda: state_file.read_state(folder))
     _apply_weights(model, adapter, lora, adapter_state)
 
     def apply() -> None:
@@ -304,7 +308,7 @@ def load_checkpoint(folder: Path, model: torch.nn.Module, adapter: torch.nn.Modu
         if not isinstance(state["step"], int):
             raise TypeError("step is not an integer")
 
-    _read(folder, apply)
+    _read(f"{state_file.JSON} (its contents)", apply)
     return state
 
 
