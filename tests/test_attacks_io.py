@@ -334,3 +334,18 @@ def test_error_lines_escape_control_characters():
             "m.app = boom\nm.main()\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 2 and "\x1b" not in out.stderr and "\\x1b[31mred" in out.stderr
+
+
+def test_a_value_the_config_refuses_stops_the_grid_before_any_write(tmp_path):
+    from musketeers.config import resolve_config
+    from musketeers.design.gridspec import load_grid
+    from musketeers.grid.fake import fake_evaluate, fake_train
+    from musketeers.grid.run import run_grid
+
+    grid = load_grid(_grid(tmp_path, runs=[{"task": "arithmetic", "method": "perceiver",
+                                            "team": "default", "pooling": "nowhere"}]))
+    runs = tmp_path / "runs"
+    with pytest.raises(UserError, match="unknown pooling 'nowhere'"):
+        run_grid(grid, runs, train_fn=fake_train, eval_fn=fake_evaluate,
+                 config_fn=lambda fields: resolve_config(overrides=fields))
+    assert not runs.exists() or list(runs.rglob("*")) == []

@@ -134,6 +134,8 @@ def run_grid(
         if status == "done":
             result.skipped.append(run.name)
         else:
+            if status != "trained":  # a value the config refuses: one line, nothing written
+                config_fn({**run.fields, "run_dir": str(runs_dir / run.name)})
             todo.append((run, status))
     log.info("grid %s: %d runs, %d finished, %d to do", grid.name, len(grid.runs),
              len(result.skipped), len(todo))
