@@ -140,7 +140,7 @@ def verify_checkpoint(folder: Path, unverified: bool = False, flag: str = UNVERI
                     folder, MANIFEST, flag)
     for rel, digest in sums.items():
         path = Path(folder) / rel
-        if ".." in Path(rel).parts or not path.is_file():
+        if ".." in Path(rel).parts or Path(rel).is_absolute() or not path.is_file():
             return f"{rel} is missing"
         if file_sha256(path) != digest:
             return f"{rel} does not match its checksum"
