@@ -349,3 +349,22 @@ def test_a_value_the_config_refuses_stops_the_grid_before_any_write(tmp_path):
         run_grid(grid, runs, train_fn=fake_train, eval_fn=fake_evaluate,
                  config_fn=lambda fields: resolve_config(overrides=fields))
     assert not runs.exists() or list(runs.rglob("*")) == []
+
+
+def test_resume_unverified_is_a_train_option_that_resumes(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from musketeers.cli import main as cli_main
+    from musketeers.config import resolve_config, save_config
+
+    run = tmp_path / "r"
+    run.mkdir()
+    save_config(resolve_config(None, {"method": "perceiver", "run_dir": str(run)}),
+                run / "config.yaml")
+    calls = []
+    monkeypatch.setattr("musketeers.run.trainer.train",
+                        lambda cfg, **kw: calls.append(kw) or {})
+    result = CliRunner().invoke(cli_main.app, ["train", "--resume-unverified", "--run-dir",
+                                               str(run)])
+    assert result.exit_code == 0, result.output
+    assert calls == [{"resume": True, "stop_after": None, "unverified": True}]
