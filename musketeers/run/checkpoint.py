@@ -145,7 +145,7 @@ def verify_checkpoint(folder: Path, unverified: bool = False, flag: str = UNVERI
         if file_sha256(path) != digest:
             return f"{rel} does not match its checksum"
     extra = {f.relative_to(folder).as_posix() for f in _files(Path(folder))} - set(sums)
-    if extra & {state_file.JSON, state_file.TENSORS, "adapter.safetensors"}:
+    if extra & {state_file.JSON, state_file.TENSORS, "adapter.safetensors", LORA_FILE}:
         return f"{sorted(extra)[0]} is not in the manifest"
     return None
 
