@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from musketeers.cache.errors import UserError
+from musketeers.cache.untrusted import safe_name
 
 
 @dataclass(frozen=True)
@@ -217,10 +218,14 @@ def _convert_gguf(spec: ExpertSpec, out: Path) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+# pickled weights run code when loaded: an expert's weights are safetensors or GGUF only
+PICKLED = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
 def check_expert(spec: ExpertSpec) -> None:
     """Cheap checks that catch a bad expert before a store is touched: a local folder must
     hold a readable ``config.json`` (loading it would fail with a traceback after the items
-    were stored)."""
+    were stored) and no pickled weights."""
     if spec.kind not in KINDS:
         raise UserError(f"expert {spec.name!r}: unknown kind {spec.kind!r}; use one of {KINDS}")
     if spec.kind != "dir":
@@ -238,6 +243,12 @@ def check_expert(spec: ExpertSpec) -> None:
     if not isinstance(config, dict) or "model_type" not in config:
         raise UserError(f"expert {spec.name!r}: {folder}/config.json has no model_type; pass a "
                         f"model folder written by save_pretrained")
+    pickled = sorted(f.name for f in folder.iterdir() if f.name.lower().endswith(PICKLED))
+    if pickled:
+        raise UserError(f"expert {spec.name!r}: {folder / pickled[0]} is a pickled weights file, "
+                        "which is never loaded (it can run code); convert the model to "
+                        "safetensors (save_pretrained(..., safe_serialization=True)) and remove "
+                        "the pickled files")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -268,7 +279,8 @@ def resolve_local(spec: ExpertSpec) -> str:
     if spec.kind == "dir":
         check_expert(spec)
         return spec.ref
-    out = models_dir() / f"{spec.name}-{spec_key(spec)}"
+    name = safe_name(spec.name, "expert name", "give the expert a plain name in its team file")
+    out = models_dir() / f"{name}-{spec_key(spec)}"
     if (out / "config.json").exists():
         return str(out)
     remove_stale_tmp(out)
@@ -310,7 +322,9 @@ def load_expert(spec: ExpertSpec, device: str = "cpu", dtype: torch.dtype = torc
     source = resolve_local(spec)
     try:
         tokenizer = _tokenizer_at(source)
-        model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, dtype="auto")
+        # never a pickled checkpoint (pytorch_model.bin): loading one runs its code
+        model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, dtype="auto",
+                                                     use_safetensors=True)
     except (OSError, ValueError) as exc:
         if spec.kind == "dir":
             raise UserError(f"expert {spec.name!r}: {source} is not a loadable model folder "

@@ -26,6 +26,7 @@ from musketeers.cache.layout import FORMAT_VERSION as FORMAT_VERSION  # re-expor
 from musketeers.cache.layout import (  # re-exported: tests/test_store_format.py pins it here
     create_expert_arrays as create_expert_arrays,
 )
+from musketeers.cache.untrusted import safe_name
 from musketeers.cache.zarrio import child_names, one_line
 
 # a task named by a YAML task file: PATH.yaml, then its optional :LEVEL and @PROMPT
@@ -38,8 +39,9 @@ def store_name(task: str) -> str:
     its bytes, so that spelling the path another way finds the same store and an edited file
     never finds the old one."""
     m = TASK_FILE.fullmatch(task)
-    if m is None:
-        return task
+    if m is None:  # the name of a folder under --cache-dir: never a path out of it
+        return safe_name(task, "task", "name a packaged task (musketeers tasks list) or a "
+                         "task file PATH.yaml")
     path = Path(m["path"])
     try:
         data = path.read_bytes()

@@ -102,7 +102,10 @@ def ablate(
         for run in g.runs:
             typer.echo(run.name)
         return
-    published = report_dir(reports_dir, g) / "runs"
+    from musketeers.cache.untrusted import confine
+
+    # a report folder symlinked out of --reports-dir would take the published runs with it
+    published = confine(report_dir(reports_dir, g), reports_dir, what="report folder") / "runs"
     if precompute_only:
         ensure_cache(g, g.precompute, gsm8k_dir=gsm8k_dir, ledger=ledger_path(runs_dir, g.name))
         typer.echo(f"stores ready for the {len(g.runs)} runs of grid {g.name}")

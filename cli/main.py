@@ -12,6 +12,7 @@ import typer
 import typer.rich_utils
 
 from musketeers.cache.errors import UserError
+from musketeers.cache.untrusted import printable
 from musketeers.cli import interrupt
 
 # Outside a terminal (a pipe, a file, a test) Rich would lay help out at 80 columns and cut
@@ -62,18 +63,26 @@ def _exit_on_sigterm() -> None:
 INTERRUPTED = {128 + signal.SIGINT: "SIGINT", 128 + signal.SIGTERM: "SIGTERM"}
 
 
+class _Printable(logging.Formatter):
+    """Log lines carry values read from files (names, configs): their control characters are
+    escaped, so no file can drive the terminal."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record), keep="\n\t")
+
+
 def main() -> None:
     _exit_on_sigterm()
     interrupt.clear()
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S"
-    )
+    handler = logging.StreamHandler()
+    handler.setFormatter(_Printable("%(asctime)s %(name)s %(message)s", datefmt="%H:%M:%S"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     try:
         app()  # click turns Ctrl-C into SystemExit(130); the SIGTERM handler raises 143
     except UserError as exc:
         from musketeers.run.distributed import rank_prefix
 
-        print(f"error: {rank_prefix()}{exc}", file=sys.stderr)
+        print(printable(f"error: {rank_prefix()}{exc}"), file=sys.stderr)
         sys.exit(2)
     except SystemExit as exc:
         if exc.code in INTERRUPTED:

@@ -149,19 +149,20 @@ def _truncated(truncated: tuple[int, int] | None) -> str:
 def verify(task: Annotated[str | None, typer.Argument()] = None, cache_dir: CacheDirOpt = None):
     """Re-read every chunk against its crc and the digests recorded at build time; report
     corrupt, swapped or missing chunks, edited shapes, lost splits or experts, incomplete units."""
+    from musketeers.cache.untrusted import printable
     from musketeers.cache.verify import inspect_store
 
     bad = 0
     for path in _store_paths(task, cache_dir):
         problems, notes = inspect_store(path)
         for p in problems:
-            typer.echo(f"{path.name}: {p}")
+            typer.echo(printable(f"{path.name}: {p}"))  # names read from the store
         if notes:  # a store from before manifests: still checked, by crc alone
             typer.echo(f"{path.name}: note: {len(notes)} group(s) have no checksum manifest "
                        "(built before they were recorded), so a chunk swapped for another "
                        "valid one goes unnoticed; a rebuild with --force records one")
         if not problems and (edited := _edited_items(path, cache_dir)):
-            typer.echo(f"{path.name}: {edited}")
+            typer.echo(printable(f"{path.name}: {edited}"))
             bad += 1
             continue
         fix = f"; repair: {repair_command(path, problems, cache_root(cache_dir))}"

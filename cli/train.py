@@ -50,7 +50,8 @@ def _option(f: Field) -> inspect.Parameter:
                              annotation=Annotated[_cli_type(f), Opt(*decls, help=help_text)])
 
 
-def _train(config: Path | None = None, resume: bool = False, **options: Any) -> None:
+def _train(config: Path | None = None, resume: bool = False, resume_unverified: bool = False,
+           **options: Any) -> None:
     """Train the policy and adapter with GRPO on cached expert vectors."""
     from musketeers.cli.interrupt import on_interrupt
     from musketeers.config import apply_overrides, read_run_config, resolve_config, validate
@@ -62,6 +63,7 @@ def _train(config: Path | None = None, resume: bool = False, **options: Any) -> 
                  if v is not None}
     run_dir = options.get("run_dir")
     stop_after = None
+    resume = resume or resume_unverified
     if resume:
         if run_dir is None:
             raise UserError("--resume needs the --run-dir of the run to continue")
@@ -86,7 +88,8 @@ def _train(config: Path | None = None, resume: bool = False, **options: Any) -> 
     else:
         cfg = resolve_config(config, overrides)
     on_interrupt(f"resume it with: {resume_command(cfg.run_path())}")
-    summary = run_training(cfg, resume=resume, stop_after=stop_after)
+    summary = run_training(cfg, resume=resume, stop_after=stop_after,
+                           unverified=resume_unverified)
     if lead():  # under torchrun, once
         typer.echo(f"run: {cfg.run_path()}")
         typer.echo(json.dumps(summary, indent=2))
@@ -109,6 +112,10 @@ def train_command() -> Any:
                           annotation=Annotated[bool, Opt(
                               help="continue the run in --run-dir from its newest intact "
                                    "checkpoint (from step 0 if it has none yet)")]),
+        inspect.Parameter("resume_unverified", inspect.Parameter.KEYWORD_ONLY, default=False,
+                          annotation=Annotated[bool, Opt(
+                              help="--resume, also from checkpoints whose manifest is missing "
+                                   "or not signed with your key (manifest.key)")]),
     ]
     train.__signature__ = inspect.Signature([*map(_option, cli_fields()), *own])  # type: ignore[attr-defined]
     train.__doc__ = _train.__doc__
@@ -120,12 +127,14 @@ def evaluate(
     limit: Annotated[int | None, Opt(help="val items to score (> 0)")] = None,
     no_context: Annotated[bool, Opt("--no-context", help="generate without C (Figure 5)")
                           ] = False,
+    unverified: Annotated[bool, Opt("--unverified", help="score a checkpoint whose manifest is "
+                                    "missing or not signed with your key")] = False,
 ) -> None:
     """Greedy accuracy of a trained run on the cached validation split."""
     from musketeers.run.distributed import lead
     from musketeers.run.evaluate import evaluate as run_eval
 
-    result = run_eval(run_dir, limit=limit, no_context=no_context)
+    result = run_eval(run_dir, limit=limit, no_context=no_context, unverified=unverified)
     if lead():
         typer.echo(json.dumps(result, indent=2))
 

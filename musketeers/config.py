@@ -168,15 +168,15 @@ class TrainConfig:
 
     def run_path(self) -> Path:
         """``run_dir`` if given, else ``runs/<task>-<team>-<method>-<pooling>-s<seed>`` (a task
-        file by its store's name: a path's slashes would nest the folder)."""
+        file by its store's name: a path's slashes would nest the folder; checked as a name)."""
         from musketeers.cache.store import store_name
-
+        from musketeers.cache.untrusted import safe_name
         if self.run_dir:
             return Path(self.run_dir)
-        team = self.team or "custom"
-        pooling = self.pooling.replace(":", "")
-        task = store_name(self.task)
-        return Path("runs") / f"{task}-{team}-{self.method}-{pooling}-s{self.seed}"
+        name = (f"{store_name(self.task)}-{self.team or 'custom'}-{self.method}-"
+                f"{self.pooling.replace(':', '')}-s{self.seed}")
+        return Path("runs") / safe_name(name, "run name", "pass plain --team/--method/"
+                                        "--pooling values, or --run-dir")
 
 
 def _check_type(key: str, value: Any, hint: Any) -> Any:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ[_var] = "1"
+# the checkpoints' signing key: one per test session, never the user's own
+os.environ["MUSKETEERS_MANIFEST_KEY"] = str(Path(tempfile.mkdtemp()) / "manifest.key")
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"

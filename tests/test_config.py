@@ -130,7 +130,8 @@ def test_resume_refuses_options_that_change_the_run(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     (cfg, kw), = calls
     saved_steps = BUDGETS["pocket"]["steps"]  # the run's own length, from its budget
-    assert cfg.steps == saved_steps and kw == {"resume": True, "stop_after": 9}
+    assert cfg.steps == saved_steps and kw == {"resume": True, "stop_after": 9,
+                                              "unverified": False}
     assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]
     result = runner.invoke(cli_main.app, ["train", "--resume", "--run-dir", str(run),
                                           "--steps", str(saved_steps + 1)])

@@ -89,8 +89,11 @@ def test_a_samples_file_that_is_not_utf8_names_the_evaluation_that_rewrites_it(t
 
 def _fake_run(run: Path) -> None:
     """A run folder as far as eval's checks read it: config and one checkpoint."""
+    from musketeers.run.checkpoint import write_manifest
+
     (run / "checkpoints" / "step-000001").mkdir(parents=True)
-    (run / "checkpoints" / "step-000001" / "state.pt").write_bytes(b"")
+    (run / "checkpoints" / "step-000001" / "state.json").write_text("{}")
+    write_manifest(run / "checkpoints" / "step-000001")
     save_config(TrainConfig(task="arithmetic", run_dir=str(run)), run / "config.yaml")
 
 
@@ -170,7 +173,8 @@ def test_eval_reads_the_newer_checkpoint_when_training_prunes_the_one_it_read(tm
         if folder.name == "step-000001":  # training saves step 2 and prunes step 1 mid-read
             newer = folder.with_name("step-000002")
             newer.mkdir()
-            (newer / "state.pt").write_bytes(b"")
+            (newer / "state.json").write_text("{}")
+            ckpt.write_manifest(newer)
             shutil.rmtree(folder)
             raise FileNotFoundError(folder / "lora")
         loaded.append(folder.name)

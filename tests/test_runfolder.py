@@ -101,7 +101,7 @@ def _truncate(path: Path) -> None:
 
 
 @pytest.mark.parametrize("name, damage", [("adapter.safetensors", _flip),
-                                          ("state.pt", _truncate)])
+                                          ("state.safetensors", _truncate)])
 def test_damaged_newest_checkpoint_falls_back_to_the_previous(planted_store, tmp_path, caplog,
                                                               full_run, name, damage):
     run = tmp_path / "run"
@@ -211,10 +211,10 @@ def test_run_dir_that_is_a_file_is_refused_before_any_model_loads(planted_store,
         train(small(planted_store, path), policy_factory=no_policy)
 
 
-def test_cuda_rng_states_are_saved_and_restored(monkeypatch):
+def test_cuda_rng_states_are_saved_and_restored(monkeypatch, tmp_path):
     """Hard routing draws on the adapter's device: the CUDA states go into the checkpoint
     (a mock CUDA RNG interface here: the machine has no GPU)."""
-    import io
+    from musketeers.run.state_file import read_state, write_state
 
     states = [torch.tensor([1, 2, 3], dtype=torch.uint8), torch.tensor([4], dtype=torch.uint8)]
     restored = []
@@ -224,10 +224,8 @@ def test_cuda_rng_states_are_saved_and_restored(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [s.clone() for s in states])
     monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
     generator = torch.Generator().manual_seed(0)
-    buffer = io.BytesIO()
-    torch.save(ckpt.capture_rng(generator), buffer)
-    buffer.seek(0)
-    ckpt.restore_rng(torch.load(buffer, weights_only=False), generator)
+    write_state(ckpt.capture_rng(generator), tmp_path)
+    ckpt.restore_rng(read_state(tmp_path), generator)
     assert len(restored) == 1 and all(torch.equal(a, b) for a, b in zip(restored[0], states,
                                                                         strict=True))
     # a CPU run never initialises CUDA, saves None, and its checkpoints restore nothing there

@@ -18,6 +18,7 @@ from typing import Any
 
 from musketeers.cache.errors import UserError
 from musketeers.cache.store import store_name
+from musketeers.cache.untrusted import safe_name
 from musketeers.design import experiment
 from musketeers.design.grid_yaml import check_grid, read_grid_yaml
 from musketeers.method.methods import fixed_steps, ignored
@@ -72,9 +73,12 @@ def run_name(budget: str, fields: dict[str, Any]) -> str:
             continue
         value = store_name(str(fields[key])) if key == "task" else fields[key]
         # a task file's path becomes its store's name: no slashes in a run folder's name
-        parts.append(f"m{value}" if key == "latents" else str(value).replace(":", ""))
-    parts.append(f"s{fields.get('seed', 0)}")
-    return "-".join(parts)
+        value = f"m{value}" if key == "latents" else str(value).replace(":", "")
+        parts.append(safe_name(value, f"the grid's {key}",
+                               f"give {key} a plain value in the grid file"))
+    parts.append(safe_name(f"s{fields.get('seed', 0)}", "the grid's seed",
+                           "give seeds as integers in the grid file"))
+    return safe_name("-".join(parts), "run name", "rename the grid's budget")
 
 
 def expand_entry(entry: dict[str, Any], seeds: Iterable[int],
@@ -120,7 +124,8 @@ def load_grid(
     if "parts" in raw:  # an overlay on the experiment design, not a list of runs
         raw = {**raw, "runs": experiment.overlay_runs(raw, path)}
     check_grid(raw, path)
-    budget = raw.get("budget", path.stem)
+    budget = safe_name(raw.get("budget", path.stem), f"grid {path}: budget",
+                       "give the grid a plain budget (smoke, pocket, paper)")
     defaults = dict(raw.get("defaults") or {})
     task_overrides = raw.get("task_overrides") or {}
     grid_seeds = seeds if seeds is not None else list(raw.get("seeds", [0]))
@@ -162,6 +167,8 @@ def load_grid(
         eval_limit=raw.get("eval_limit"),
         estimate=str(raw.get("estimate", "")).strip(),
         precompute=raw.get("precompute") or None,
-        name=str(raw.get("name") or ""),  # Grid defaults it to the budget
+        # the report folder's and ledger's name: one folder under --reports-dir, --runs-dir
+        name=safe_name(raw.get("name") or budget, f"grid {path}: name",
+                       "give the grid a plain name"),
         seeds=[int(s) for s in grid_seeds],
     )

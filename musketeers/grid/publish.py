@@ -15,8 +15,10 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import stat
 from pathlib import Path
 
+from musketeers.cache.errors import UserError
 from musketeers.design.gridspec import Grid
 from musketeers.grid.ledger import ledger_path
 from musketeers.grid.portable import REWRITES
@@ -30,17 +32,31 @@ ARTEFACTS = ("config.yaml", "metrics.jsonl", "summary.json", "fingerprints.json"
 
 def regular_file(path: Path, folder: Path) -> bool:
     """Whether ``path`` is a regular file inside ``folder``, not a link to anywhere: a
-    published folder is committed, so a symlinked artefact would publish what it points at."""
-    return (not path.is_symlink() and path.is_file()
+    published folder is committed, so a symlinked artefact would publish what it points at,
+    and a hard link (a second name of a file elsewhere) what it shares."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return False
+    return (stat.S_ISREG(st.st_mode) and st.st_nlink == 1
             and path.resolve().parent == folder.resolve())
+
+
+def _check_dest(dest: Path) -> None:
+    """Refuse to replace a folder that is a symlink: its contents lie somewhere else."""
+    if dest.is_symlink():
+        raise UserError(f"{dest} is a symlink, not a run folder; remove the link (its target "
+                        "is kept) and run again")
 
 
 def publish_run(src: Path, dest: Path, root: Path | None = None) -> None:
     """Copy one finished run's artefacts from ``src`` to ``dest`` (replaced if it exists);
-    an artefact that is a symlink or not a regular file is left behind. Paths in them are
-    made relative to ``root`` (default: the working folder) or dropped (``portable``)."""
+    an artefact that is a symlink, a hard link or not a regular file is left behind. Paths in
+    them are made relative to ``root`` (default: the working folder) or dropped
+    (``portable``)."""
     if src.is_symlink():
         return
+    _check_dest(dest)
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
@@ -79,6 +95,7 @@ def set_aside_published(published: Path, name: str, kept_as: str) -> Path | None
         return None
     dest = Path(published) / "stale" / kept_as
     dest.parent.mkdir(parents=True, exist_ok=True)
+    _check_dest(dest)
     if dest.exists():
         shutil.rmtree(dest)
     src.rename(dest)

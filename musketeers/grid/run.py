@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from musketeers.cache.untrusted import confine
 from musketeers.design.gridspec import Grid, GridRun
 from musketeers.grid.ledger import timed
 from musketeers.grid.status import (
@@ -119,6 +120,8 @@ def run_grid(
     result = GridResult()
     todo = []
     for run in grid.runs:
+        # a run folder that is a symlink out of --runs-dir would take every write with it
+        confine(runs_dir / run.name, runs_dir, what=f"run folder of {run.name}")
         if (runs_dir / run.name / "config.yaml").is_file():
             changed = stale_fields(runs_dir / run.name,
                                    config_fn({**run.fields, "run_dir": str(runs_dir / run.name)}))
@@ -131,6 +134,8 @@ def run_grid(
         if status == "done":
             result.skipped.append(run.name)
         else:
+            if status != "trained":  # a value the config refuses: one line, nothing written
+                config_fn({**run.fields, "run_dir": str(runs_dir / run.name)})
             todo.append((run, status))
     log.info("grid %s: %d runs, %d finished, %d to do", grid.name, len(grid.runs),
              len(result.skipped), len(todo))

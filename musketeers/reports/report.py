@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from musketeers.cache.untrusted import printable
 from musketeers.design.gridspec import Grid
 from musketeers.method.methods import ignored
 from musketeers.reports.aggregate import METRICS, Run, group_key, load_runs
@@ -312,8 +313,9 @@ def write_report(grid: Grid, runs_dir: Path, reports_dir: Path,
     # exact leads; the same tables for score follow
     t1 = {m: table1_markdown(runs, latents, m) for m in METRICS}
     t2 = {m: table2_markdown(runs, latents, m) for m in METRICS}
-    (out / "table1.md").write_text("\n".join(t1.values()))
-    (out / "table2.md").write_text("\n".join(t2.values()))
+    # every cell may hold a value read from a run's files: control characters escaped
+    (out / "table1.md").write_text(printable("\n".join(t1.values()), keep="\n"))
+    (out / "table2.md").write_text(printable("\n".join(t2.values()), keep="\n"))
     figs = all_figures(runs, out, latents)
     # a figure an earlier report drew (e.g. from runs since set aside as stale) must not sit
     # beside this report as if it were current
@@ -374,5 +376,5 @@ def write_report(grid: Grid, runs_dir: Path, reports_dir: Path,
     if missing:
         md += ["", "## Not run yet", "", *(f"- `{name}`" for name in missing)]
     path = out / "README.md"
-    path.write_text("\n".join(md) + "\n")
+    path.write_text(printable("\n".join(md) + "\n", keep="\n"))
     return path

@@ -4,14 +4,19 @@
 
 - ``lora/``                the policy's LoRA in PEFT's own format (``save_pretrained``)
 - ``adapter.safetensors``  the adapter φ (absent for methods without one)
-- ``state.pt``             optimizer, scheduler, step and every RNG state (python, numpy,
-                           torch, CUDA when initialised, the run's sampling generator)
-- ``manifest.json``        sha256 of every other file, written last
+- ``state.json``, ``state.safetensors``  optimizer, scheduler, step and every RNG state
+                           (python, numpy, torch, CUDA when initialised, the run's sampling
+                           generator): JSON and tensors, never pickle (``state_file``)
+- ``manifest.json``        sha256 of every other file, signed with the user's key
+                           (``signing``: HMAC-SHA256), written last
 
 A checkpoint is written into a temporary folder and renamed into place, and only folders named
 ``step-*`` count: a kill at any moment of a save leaves the previous checkpoint usable. A load
-checks the manifest first, so a flipped or truncated file is found before anything is applied;
-``load_latest`` then falls back to the newest intact checkpoint and moves the damaged ones aside.
+checks the manifest first, so a flipped, truncated or replaced file is found before anything is
+applied; ``load_latest`` then falls back to the newest intact checkpoint and moves the damaged
+ones aside. A checkpoint without a manifest, or signed with another key (another user's, another
+machine's), loads only when asked (``--resume-unverified``); its files are still only tensors and
+JSON, so reading them runs no code.
 """
 
 from __future__ import annotations
@@ -30,10 +35,14 @@ from safetensors.torch import load_file, save_file
 
 from musketeers.cache.errors import UserError
 from musketeers.cache.experts import file_sha256
+from musketeers.run import signing, state_file
 
 KEEP = 2  # checkpoints kept; older ones are removed after a newer one is in place
 PREFIX = "step-"
 MANIFEST = "manifest.json"
+PICKLED = "state.pt"  # the old format's state: a pickle, never loaded (it can run code)
+UNVERIFIED = "--resume-unverified"
+LORA_FILE = "lora/adapter_model.safetensors"
 DAMAGED = "damaged-"  # a damaged checkpoint's new name prefix: kept for a look, never loaded
 
 log = logging.getLogger("musketeers.train")
@@ -78,8 +87,8 @@ def _write_lora(model: torch.nn.Module, folder: Path) -> None:
     model.save_pretrained(str(folder))
 
 
-def _write_state(state: dict[str, Any], path: Path) -> None:
-    torch.save(state, path)
+def _write_state(state: dict[str, Any], folder: Path) -> None:
+    state_file.write_state(state, folder)
 
 
 def _files(folder: Path) -> list[Path]:
@@ -88,40 +97,55 @@ def _files(folder: Path) -> list[Path]:
 
 
 def write_manifest(folder: Path) -> None:
-    """sha256 of every file of the checkpoint, written last and atomically."""
+    """sha256 of every file of the checkpoint, signed, written last and atomically."""
     sums = {f.relative_to(folder).as_posix(): file_sha256(f) for f in _files(folder)}
     tmp = folder / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(sums, indent=1, sort_keys=True))
+    tmp.write_text(json.dumps({"files": sums, "hmac": signing.sign(sums)}, indent=1,
+                              sort_keys=True))
     with open(tmp, "rb") as fh:
         os.fsync(fh.fileno())
     os.replace(tmp, folder / MANIFEST)
 
 
-def verify_checkpoint(folder: Path) -> str | None:
-    """What is wrong with the checkpoint's files (None when they match the manifest).
+def verify_checkpoint(folder: Path, unverified: bool = False, flag: str = UNVERIFIED
+                      ) -> str | None:
+    """What is wrong with the checkpoint's files (None when they match its signed manifest).
 
-    A checkpoint from before manifests were written loads unchecked (with a warning): every
-    save writes its manifest before the rename that makes it count, so only those lack one.
+    ``unverified`` (the user's ``flag``: train's ``--resume-unverified``, eval's
+    ``--unverified``) accepts a checkpoint whose manifest is missing or signed with another
+    key, with a warning; its files are checked for what they are (tensors and JSON) when read.
     """
     path = Path(folder) / MANIFEST
+    if (Path(folder) / PICKLED).exists():
+        return (f"{PICKLED} is a pickle (the old format), which is never loaded: it can run "
+                "code; move the folder away to restart the run from step 0")
     if not path.exists():
-        log.warning("checkpoint %s has no %s (written before checksums); loading it unchecked",
-                    folder, MANIFEST)
-        return None
+        if unverified:
+            log.warning("checkpoint %s has no %s; loading it unverified (%s)", folder, MANIFEST,
+                        flag)
+            return None
+        return f"it has no {MANIFEST}; if you wrote it yourself, pass {flag} to load it unverified"
     try:
-        sums = json.loads(path.read_text())
+        manifest = json.loads(path.read_text())
     except (OSError, ValueError):
         return f"{MANIFEST} is unreadable"
-    if not isinstance(sums, dict):
-        return f"{MANIFEST} is not a mapping"
+    sums = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(sums, dict) or not all(isinstance(v, str) for v in sums.values()):
+        return f"{MANIFEST} is not a signed mapping of sums"
+    if not signing.signed(sums, manifest.get("hmac")):
+        if not unverified:
+            return (f"{MANIFEST} is not signed with your key ({signing.key_path()}); if you "
+                    f"trust the checkpoint, pass {flag}")
+        log.warning("checkpoint %s: %s is not signed with your key; loading it unverified (%s)",
+                    folder, MANIFEST, flag)
     for rel, digest in sums.items():
         path = Path(folder) / rel
-        if not path.is_file():
+        if ".." in Path(rel).parts or Path(rel).is_absolute() or not path.is_file():
             return f"{rel} is missing"
         if file_sha256(path) != digest:
             return f"{rel} does not match its checksum"
     extra = {f.relative_to(folder).as_posix() for f in _files(Path(folder))} - set(sums)
-    if extra & {"state.pt", "adapter.safetensors"}:
+    if extra & {state_file.JSON, state_file.TENSORS, "adapter.safetensors", LORA_FILE}:
         return f"{sorted(extra)[0]} is not in the manifest"
     return None
 
@@ -163,7 +187,7 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module,
         "rng": capture_rng(generator),
         "extra": extra or {},
     }
-    _write_state(state, tmp / "state.pt")
+    _write_state(state, tmp)
     _fsync_tree(tmp)
     write_manifest(tmp)
     if final.exists():  # re-saving a step after a resume: the older copy is equivalent
@@ -187,7 +211,8 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     if not root.is_dir():
         return []
     found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX)
-             and p.name[len(PREFIX):].isdigit() and (p / "state.pt").is_file()]
+             and p.name[len(PREFIX):].isdigit()
+             and ((p / state_file.JSON).is_file() or (p / PICKLED).is_file())]
     return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
 
 
@@ -196,53 +221,94 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def _read(rel: str, what: Any) -> Any:
+    """``what()``, any failure of it a DamagedCheckpoint naming ``rel``."""
+    try:
+        return what()
+    except Exception as exc:  # noqa: BLE001 - any unreadable file means "damaged"
+        why = (str(exc).splitlines() or [""])[0][:160]
+        raise DamagedCheckpoint(f"{rel} is unreadable ({type(exc).__name__}: {why})") from None
+
+
 def _read_weights(folder: Path, with_adapter: bool
                   ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
-    lora = load_file(str(Path(folder) / "lora" / "adapter_model.safetensors"))
-    adapter = load_file(str(Path(folder) / "adapter.safetensors")) if with_adapter else None
+    lora_file, adapter_file = Path(folder) / LORA_FILE, Path(folder) / "adapter.safetensors"
+    lora = _read(LORA_FILE, lambda: load_file(str(lora_file)))
+    adapter = (_read(adapter_file.name, lambda: load_file(str(adapter_file)))
+               if with_adapter else None)
     return lora, adapter
 
 
-def _apply_weights(folder: Path, model: torch.nn.Module, adapter: torch.nn.Module | None,
+def _shape_damage(name: str, saved: dict[str, torch.Tensor],
+                  live: dict[str, torch.Tensor]) -> str | None:
+    """What keeps ``saved`` from loading into modules whose state is ``live``."""
+    if set(saved) != set(live):
+        odd = sorted(set(saved) ^ set(live))
+        return f"{name} holds other tensors than the run's ({odd[0]})"
+    bad = next((k for k in live if saved[k].shape != live[k].shape), None)
+    if bad is not None:
+        return (f"{name}: {bad} has shape {tuple(saved[bad].shape)}, the run's is "
+                f"{tuple(live[bad].shape)}")
+    return None
+
+
+def _check_weights(model: torch.nn.Module, adapter: torch.nn.Module | None,
+                   lora: dict[str, torch.Tensor],
+                   adapter_state: dict[str, torch.Tensor] | None) -> None:
+    """DamagedCheckpoint, before anything is applied, when the weights do not fit the run."""
+    from peft import get_peft_model_state_dict
+
+    damage = _shape_damage(LORA_FILE, lora,
+                           get_peft_model_state_dict(model))
+    if damage is None and adapter is not None and adapter_state is not None:
+        damage = _shape_damage("adapter.safetensors", adapter_state, adapter.state_dict())
+    if damage is not None:
+        raise DamagedCheckpoint(damage)
+
+
+def _apply_weights(model: torch.nn.Module, adapter: torch.nn.Module | None,
                    lora: dict[str, torch.Tensor],
                    adapter_state: dict[str, torch.Tensor] | None) -> None:
     from peft import set_peft_model_state_dict
 
-    result = set_peft_model_state_dict(model, lora)
-    unexpected = getattr(result, "unexpected_keys", [])
-    if unexpected:
-        raise RuntimeError(f"checkpoint {folder} has LoRA keys the policy lacks: {unexpected[:3]}")
+    _check_weights(model, adapter, lora, adapter_state)
+    set_peft_model_state_dict(model, lora)
     if adapter is not None and adapter_state is not None:
         adapter.load_state_dict(adapter_state)
 
 
 def load_weights(folder: Path, model: torch.nn.Module, adapter: torch.nn.Module | None) -> None:
-    """LoRA (PEFT format) and adapter φ from a checkpoint into live modules."""
+    """LoRA (PEFT format) and adapter φ from a checkpoint into live modules; DamagedCheckpoint
+    when a file is unreadable or does not fit the modules (nothing applied then)."""
     lora, adapter_state = _read_weights(folder, adapter is not None)
-    _apply_weights(folder, model, adapter, lora, adapter_state)
+    _apply_weights(model, adapter, lora, adapter_state)
 
 
 def load_checkpoint(folder: Path, model: torch.nn.Module, adapter: torch.nn.Module | None,
                     optimizer: torch.optim.Optimizer, scheduler: Any,
-                    generator: torch.Generator) -> dict[str, Any]:
+                    generator: torch.Generator, unverified: bool = False) -> dict[str, Any]:
     """Restore everything ``save_checkpoint`` wrote; returns the state dict (``step``...).
 
-    DamagedCheckpoint (nothing applied yet) when the manifest disagrees or a file is unreadable:
-    every file is checked and read before any module is touched.
+    DamagedCheckpoint when the manifest disagrees or a file is unreadable or does not fit the
+    run: every file is checked, read and its weights' shapes compared before any module is
+    touched (a state that fails to apply after that is reported as damaged too).
     """
-    problem = verify_checkpoint(folder)
+    problem = verify_checkpoint(folder, unverified)
     if problem is not None:
         raise DamagedCheckpoint(problem)
-    try:
-        lora, adapter_state = _read_weights(folder, adapter is not None)
-        state = torch.load(Path(folder) / "state.pt", weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file means "damaged"
-        raise DamagedCheckpoint(f"unreadable ({type(exc).__name__})") from None
-    _apply_weights(folder, model, adapter, lora, adapter_state)
-    optimizer.load_state_dict(state["optimizer"])
-    if scheduler is not None and state["scheduler"] is not None:
-        scheduler.load_state_dict(state["scheduler"])
-    restore_rng(state["rng"], generator)
+    lora, adapter_state = _read_weights(folder, adapter is not None)
+    state = _read(state_file.JSON, lambda: state_file.read_state(folder))
+    _apply_weights(model, adapter, lora, adapter_state)
+
+    def apply() -> None:
+        optimizer.load_state_dict(state["optimizer"])
+        if scheduler is not None and state["scheduler"] is not None:
+            scheduler.load_state_dict(state["scheduler"])
+        restore_rng(state["rng"], generator)
+        if not isinstance(state["step"], int):
+            raise TypeError("step is not an integer")
+
+    _read(f"{state_file.JSON} (its contents)", apply)
     return state
 
 
@@ -257,7 +323,7 @@ def _aside_name(folder: Path) -> Path:
 
 def load_latest(run_dir: Path, model: torch.nn.Module, adapter: torch.nn.Module | None,
                 optimizer: torch.optim.Optimizer, scheduler: Any,
-                generator: torch.Generator) -> dict[str, Any] | None:
+                generator: torch.Generator, unverified: bool = False) -> dict[str, Any] | None:
     """Load the newest intact checkpoint, moving damaged newer ones aside (and saying so);
     None when the run has no checkpoint. UserError when none of them is intact."""
     from musketeers.cache.errors import UserError
@@ -266,7 +332,8 @@ def load_latest(run_dir: Path, model: torch.nn.Module, adapter: torch.nn.Module 
     damaged = []
     for folder in reversed(found):
         try:
-            state = load_checkpoint(folder, model, adapter, optimizer, scheduler, generator)
+            state = load_checkpoint(folder, model, adapter, optimizer, scheduler, generator,
+                                    unverified)
         except DamagedCheckpoint as exc:
             damaged.append(f"{folder.name}: {exc}")
             log.warning("checkpoint %s is damaged (%s); trying the previous one", folder, exc)

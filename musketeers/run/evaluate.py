@@ -41,9 +41,11 @@ from musketeers.tasks import extract_answer
 
 
 def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = False,
-             batch_size: int = 64, policy_factory: PolicyFactory | None = None
-             ) -> dict[str, Any]:
-    """Score the last checkpoint of ``run_dir`` on the val split; returns what it writes."""
+             batch_size: int = 64, policy_factory: PolicyFactory | None = None,
+             unverified: bool = False) -> dict[str, Any]:
+    """Score the last checkpoint of ``run_dir`` on the val split; returns what it writes.
+    ``unverified`` (``--unverified``) scores a checkpoint that has no manifest signed by this
+    user (musketeers.run.checkpoint)."""
     run_dir = Path(run_dir)
     if limit is not None and limit < 1:
         raise UserError(f"--limit must be >= 1, got {limit}")
@@ -51,25 +53,26 @@ def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = Fals
     again = f"musketeers eval {shlex.quote(str(run_dir))}" + (" --no-context" * no_context)
     world = World.from_env(cfg.device)
     with world.failures(again):
-        world.on_rank0(lambda: _check_before(cfg, run_dir, again))
+        world.on_rank0(lambda: _check_before(cfg, run_dir, again, unverified))
         return _evaluate(cfg, run_dir, world, again, limit=limit, no_context=no_context,
-                         batch_size=batch_size, policy_factory=policy_factory)
+                         batch_size=batch_size, policy_factory=policy_factory,
+                         unverified=unverified)
 
 
-def _check_before(cfg, run_dir: Path, again: str) -> None:
+def _check_before(cfg, run_dir: Path, again: str, unverified: bool) -> None:
     """What is refused before any model loads."""
-    _intact_last(run_dir)
+    _intact_last(run_dir, unverified)
     runfolder.check_store(cfg, run_dir)  # as --resume does: never score on a replaced store
     # a folder it cannot write is refused now, not after the whole evaluation has run
     runfolder.check_writable(run_dir, again)
 
 
 def _evaluate(cfg, run_dir: Path, world: World, again: str, *, limit: int | None,
-              no_context: bool, batch_size: int, policy_factory: PolicyFactory | None
-              ) -> dict[str, Any]:
+              no_context: bool, batch_size: int, policy_factory: PolicyFactory | None,
+              unverified: bool) -> dict[str, Any]:
     data, policy, adapter = build_components(cfg, "val", limit=limit or cfg.eval_limit,
                                              policy_factory=policy_factory)
-    last = load_newest(run_dir, policy.model, adapter)
+    last = load_newest(run_dir, policy.model, adapter, unverified=unverified)
     if adapter is not None:
         adapter.eval()  # hard routing: argmax instead of Gumbel sampling
     use_adapter = None if no_context else adapter
@@ -134,13 +137,13 @@ def write_eval(run_dir: Path, result: dict[str, Any], samples: list[dict[str, An
                 tmp.unlink(missing_ok=True)
 
 
-def _intact_last(run_dir: Path) -> Path:
+def _intact_last(run_dir: Path, unverified: bool = False) -> Path:
     """The newest checkpoint, refused when absent or damaged."""
     last = ckpt.latest_checkpoint(run_dir)
     if last is None:
         raise UserError(f"{run_dir} has no checkpoint yet; continue its training with: "
                         f"{runfolder.resume_command(run_dir)}")
-    damage = ckpt.verify_checkpoint(last)
+    damage = ckpt.verify_checkpoint(last, unverified, flag="--unverified")
     if damage is not None and last.exists():  # scoring damaged weights: a number nobody trained
         raise UserError(f"checkpoint {last} is damaged ({damage}); rewrite it from the newest "
                         f"intact one with: {runfolder.resume_command(run_dir)}")
@@ -148,17 +151,22 @@ def _intact_last(run_dir: Path) -> Path:
 
 
 def load_newest(run_dir: Path, model: torch.nn.Module, adapter: torch.nn.Module | None,
-                tries: int = 5) -> Path:
+                tries: int = 5, unverified: bool = False) -> Path:
     """Load the newest checkpoint's weights. A training still running prunes old checkpoints
     as it saves new ones: one that vanishes while it is read is replaced by the newer one."""
     for _ in range(tries):
-        last = _intact_last(run_dir)
+        last = _intact_last(run_dir, unverified)
         try:
             ckpt.load_weights(last, model, adapter)
             return last
-        except Exception:  # noqa: BLE001 - a file gone mid-read: pruned, unless it is there
-            if last.exists():
-                raise
+        except Exception as exc:  # noqa: BLE001 - a file gone mid-read: pruned, unless it is there
+            if not last.exists():
+                continue
+            if isinstance(exc, ckpt.DamagedCheckpoint):
+                raise UserError(f"checkpoint {last} is damaged ({exc}); rewrite it from the "
+                                f"newest intact one with: {runfolder.resume_command(run_dir)}"
+                                ) from None
+            raise
     raise UserError(f"{run_dir}'s checkpoints kept being replaced while they were read; "
                     f"evaluate it once training has ended: musketeers eval "
                     f"{shlex.quote(str(run_dir))}")

@@ -62,6 +62,20 @@ def check_run_dir(run: Path) -> None:
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise UserError(f"run dir {run} cannot be created under {existing} (not a writable "
                         "folder); pass another --run-dir")
+    resolved = run.resolve()
+    store = next((p for p in (resolved, *resolved.parents)
+                  if p.suffix == ".zarr" or (p / "zarr.json").is_file()), None)
+    if store is not None:  # a run's files inside a store would read as its damage
+        raise UserError(f"run dir {run} is inside the store {store}; pass a --run-dir outside "
+                        "the stores")
+    if has_run(run):
+        return
+    if resolved == Path.cwd().resolve() or resolved in Path.cwd().resolve().parents:
+        raise UserError(f"run dir {run} is the working folder (or holds it); pass a new folder "
+                        "with --run-dir, e.g. runs/NAME")
+    if run.is_dir() and any(run.iterdir()):  # another's files: a run would write over them
+        raise UserError(f"run dir {run} holds files and no run; pass an empty or new "
+                        "--run-dir")
 
 
 @contextlib.contextmanager
@@ -206,12 +220,14 @@ def check_store(cfg: TrainConfig, run: Path, now: dict[str, Any] | None = None) 
     return True
 
 
-def restore(run: Path, resume: bool, model, adapter, optimizer, scheduler, generator) -> int:
+def restore(run: Path, resume: bool, model, adapter, optimizer, scheduler, generator,
+            unverified: bool = False) -> int:
     """The step the loop starts at: the newest intact checkpoint's, or 0 (said plainly when a
-    resumed run had none); metrics.jsonl keeps only the rows before it."""
+    resumed run had none); metrics.jsonl keeps only the rows before it. ``unverified`` (the
+    user's ``--resume-unverified``) loads checkpoints that carry no manifest of this user's."""
     if not resume:
         return 0
-    state = ckpt.load_latest(run, model, adapter, optimizer, scheduler, generator)
+    state = ckpt.load_latest(run, model, adapter, optimizer, scheduler, generator, unverified)
     start = state["step"] if state is not None else 0
     if state is None:
         log.warning("%s has no checkpoint yet (killed before its first save): restarting it "

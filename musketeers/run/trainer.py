@@ -263,15 +263,16 @@ def torch_threads(n: int | None):
 
 def train(cfg: TrainConfig, *, resume: bool = False, policy_factory: PolicyFactory | None = None,
           fault: FaultHook | None = None, vector_source: VectorSource | None = None,
-          stop_after: int | None = None, plot: bool = True) -> dict[str, Any]:
+          stop_after: int | None = None, plot: bool = True, unverified: bool = False
+          ) -> dict[str, Any]:
     """Run (or resume) the training described by ``cfg``; returns the summary.
 
     ``stop_after`` ends the loop after that many steps in total without finishing the run
-    (tests use it to simulate a kill; ``--resume --steps N`` to stop one invocation early).
-    ``vector_source`` replaces the cached vectors (the ``--live-experts`` benchmark path);
-    ``cfg.live_experts`` without one is refused. The run folder is locked throughout
-    (musketeers.run.runfolder), so a second training of it is refused. Under ``torchrun`` every
-    rank calls this with the same config (refused otherwise); rank 0 holds the lock.
+    (tests use it to simulate a kill; ``--resume --steps N`` to stop one invocation early);
+    ``unverified``, ``--resume-unverified``. ``vector_source`` replaces the cached vectors (the
+    ``--live-experts`` benchmark path); ``cfg.live_experts`` without one is refused. The run
+    folder is locked throughout (musketeers.run.runfolder): a second training is refused.
+    Under ``torchrun`` every rank calls this with one config (else refused); rank 0 locks.
     """
     if cfg.live_experts and vector_source is None:
         raise UserError("--live-experts is a benchmark-only path; run it through musketeers.bench")
@@ -282,7 +283,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, policy_factory: PolicyFacto
             # the ranks of one job share rank 0's lock; any other job's rank 0 is refused
             world.on_rank0(lambda: held.enter_context(runfolder.locked(cfg.run_path())))
             return _train(cfg, resume, policy_factory, fault, vector_source, stop_after, plot,
-                          world)
+                          world, unverified)
 
 
 def check_world(cfg: TrainConfig, world: World, resume: bool, stop_after: int | None) -> None:
@@ -296,19 +297,19 @@ def check_world(cfg: TrainConfig, world: World, resume: bool, stop_after: int | 
 
 
 def _restore(world: World, run, resume: bool, policy, adapter, optimizer, scheduler,
-             generator: torch.Generator) -> int:
+             generator: torch.Generator, unverified: bool = False) -> int:
     """Rank 0 picks the checkpoint (setting damaged ones aside) and trims metrics.jsonl; every
     other rank then loads the same checkpoint."""
     def pick() -> tuple[int, str | None]:
         start = runfolder.restore(run, resume, policy.model, adapter, optimizer, scheduler,
-                                  generator)
+                                  generator, unverified)
         last = ckpt.latest_checkpoint(run) if start else None
         return start, None if last is None else str(last)
 
     start, folder = world.on_rank0(pick)
     if world.rank != 0 and folder is not None:
         ckpt.load_checkpoint(Path(folder), policy.model, adapter, optimizer, scheduler,
-                             generator)
+                             generator, unverified)
     return start
 
 
@@ -335,7 +336,8 @@ def _metrics_file(run, lead: bool) -> Iterator[Any]:
 
 def _train(cfg: TrainConfig, resume: bool, policy_factory: PolicyFactory | None,
            fault: FaultHook | None, vector_source: VectorSource | None,
-           stop_after: int | None, plot: bool, world: World) -> dict[str, Any]:
+           stop_after: int | None, plot: bool, world: World, unverified: bool = False
+           ) -> dict[str, Any]:
     run = cfg.run_path()
     lead = world.rank == 0
     fingerprints = world.on_rank0(lambda: runfolder.prepare(cfg, run, resume))
@@ -346,7 +348,8 @@ def _train(cfg: TrainConfig, resume: bool, policy_factory: PolicyFactory | None,
     # samples come from per-prompt streams (musketeers.method.rollout); the checkpoint format still
     # carries this run-level generator, so checkpoints old and new load alike
     generator = torch.Generator().manual_seed(cfg.seed)
-    start = _restore(world, run, resume, policy, adapter, optimizer, scheduler, generator)
+    start = _restore(world, run, resume, policy, adapter, optimizer, scheduler, generator,
+                     unverified)
     if lead:
         runfolder.begin(cfg, run, fingerprints)
     if start == 0 and warms_up(cfg, adapter):  # a resumed run's φ is its checkpoint's
