@@ -1,0 +1,123 @@
+"""A task's reward admitted before any work: gold answers that score, forgeries that do not,
+datasets that build; each refusal one line naming the dataset, the check and the override."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from musketeers.cache.errors import UserError
+from musketeers.tasks import admission, build_items, score
+from musketeers.tasks.admission import OVERRIDE, admit, check_reward
+
+# a task file of one dataset whose reward any non-empty answer earns
+FORGEABLE = "NAME"
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(admission.ADMISSION_DIR_ENV, str(tmp_path / "admission"))
+
+
+def _gold(item) -> float:
+    return score(item, f"<answer>{item.answer}</answer>")
+
+
+@pytest.mark.parametrize("dataset", ["arc_1d", "arc_agi", "rearc"])
+def test_gold_answers_score_one_through_the_sandboxed_scorer(dataset):
+    """arc_1d imported a module inside the sandbox (refused: every grade 0); arc_agi and
+    rearc compare tuples with the lists the item's JSON holds (every grade 0.05)."""
+    items = build_items(f"rg:{dataset}@direct", "val", 6)
+    assert [_gold(it) for it in items] == [1.0] * 6
+
+
+def test_a_gold_answer_longer_than_4096_characters_is_graded():
+    items = [it for it in build_items("rg:palindrome_partitioning@direct", "val", 40)
+             if len(it.answer) > 4096]
+    assert items and all(_gold(it) == 1.0 for it in items)
+
+
+@pytest.mark.parametrize("spelling", ["nani", "NaN j", " n a n i", "N a N", "nan+nani",
+                                      "(nan)", "-nani"])
+def test_no_spelling_of_nan_forges_complex_arithmetic(spelling):
+    items = build_items("arithmetic:easier@direct", "val", 30)
+    complex_items = [it for it in items if it.source == "complex_arithmetic"][:4]
+    assert complex_items
+    for it in complex_items:
+        assert score(it, f"<answer>{spelling}</answer>") == 0.0
+        assert _gold(it) == 1.0
+
+
+def test_premises_restated_or_conjoined_earn_nothing_on_propositional_logic():
+    items = build_items("rg:propositional_logic@direct", "val", 12)
+    for it in items:
+        premises = json.loads(it.entry)["metadata"]["premises"]
+        joined = " ∧ ".join(f"({p})" for p in premises)
+        for answer in (joined, " ∧ ".join(f"({p})" for p in reversed(premises)),
+                       f"¬¬({premises[0]})", f"({premises[0]}) ∧ ({premises[0]})", "nani"):
+            assert score(it, f"<answer>{answer}</answer>") == 0.0, (answer, premises)
+
+
+def test_the_pocket_datasets_and_the_issue_datasets_are_admitted():
+    for task in ("rg:arc_1d@direct", "rg:complex_arithmetic@direct",
+                 "rg:propositional_logic@direct", "arithmetic:easier@direct"):
+        verdicts = admit(task)
+        assert verdicts and all(v.failure is None for v in verdicts), verdicts
+        assert all(v.gold_share >= admission.GOLD_SHARE for v in verdicts)
+
+
+def test_a_forgeable_reward_is_refused_in_one_line_naming_dataset_check_and_override():
+    with pytest.raises(UserError) as exc:
+        admit(f"rg:{FORGEABLE}@direct")
+    message = str(exc.value)
+    assert "\n" not in message and FORGEABLE in message and OVERRIDE in message
+    assert "forgery" in message
+    assert admit(f"rg:{FORGEABLE}@direct", allow=True)[0].failure  # the override goes on
+
+
+def test_a_gold_that_scores_zero_is_refused(monkeypatch: pytest.MonkeyPatch):
+    # the scorer as it was before arc_agi's tuples were restored: every gold scores 0.05
+    from musketeers.tasks import scoring
+
+    monkeypatch.setattr(scoring, "_TUPLE_FIELDS", {})
+    monkeypatch.setattr(scoring, "_WORKER", scoring._ScorerWorker())  # a child with that table
+    try:
+        with pytest.raises(UserError, match=r"dataset arc_agi .*the gold answer scores 1 on 0%"):
+            admit("rg:arc_agi@direct")
+    finally:
+        scoring._WORKER.stop()
+
+
+@pytest.mark.parametrize(("dataset", "reason"), [
+    ("word_ladder", "Dataset size too large"),
+    ("acre", "up front"),
+])
+def test_a_dataset_that_cannot_be_generated_is_one_line(dataset, reason):
+    with pytest.raises(UserError) as exc:
+        check_reward(f"rg:{dataset}@direct")
+    message = str(exc.value)
+    assert "\n" not in message and f"dataset {dataset} cannot be generated here" in message
+    assert reason in message and "drop it from the task" in message
+
+
+def test_verdicts_are_cached_per_task(monkeypatch: pytest.MonkeyPatch):
+    first = check_reward("rg:chain_sum@direct")
+    monkeypatch.setattr(admission, "judge", lambda *a: pytest.fail("judged again"))
+    assert check_reward("rg:chain_sum@direct") == first
+    with pytest.raises(pytest.fail.Exception):  # another task is another key
+        check_reward("rg:products@direct")
+
+
+def test_gsm8k_and_planted_are_admitted_without_their_data():
+    assert admit("gsm8k") == [] and admit("planted") == []
+
+
+def test_a_generator_that_prints_does_not_break_item_building(monkeypatch: pytest.MonkeyPatch):
+    """bf prints while generating: the child that builds items under PYTHONHASHSEED=0 had its
+    reply corrupted (JSONDecodeError); it now keeps stdout for the reply alone."""
+    if not sys.flags.hash_randomization:
+        pytest.skip("items are built in this process when the hash seed is already fixed")
+    assert len(build_items("rg:bf@direct", "val", 3)) == 3
