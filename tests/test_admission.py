@@ -14,7 +14,7 @@ from musketeers.tasks import admission, build_items, score
 from musketeers.tasks.admission import OVERRIDE, admit, check_reward
 
 # a task file of one dataset whose reward any non-empty answer earns
-FORGEABLE = "NAME"
+FORGEABLE = "game_of_life_halting"
 
 
 @pytest.fixture(autouse=True)
@@ -74,21 +74,20 @@ def test_a_forgeable_reward_is_refused_in_one_line_naming_dataset_check_and_over
         admit(f"rg:{FORGEABLE}@direct")
     message = str(exc.value)
     assert "\n" not in message and FORGEABLE in message and OVERRIDE in message
-    assert "forgery" in message
+    assert "forgery" in message and "cannot tell an answer from none" in message
     assert admit(f"rg:{FORGEABLE}@direct", allow=True)[0].failure  # the override goes on
 
 
-def test_a_gold_that_scores_zero_is_refused(monkeypatch: pytest.MonkeyPatch):
-    # the scorer as it was before arc_agi's tuples were restored: every gold scores 0.05
-    from musketeers.tasks import scoring
+def test_a_gold_that_scores_zero_is_refused():
+    """Items whose stored gold is not what the scorer grades against (as arc_1d's and
+    arc_agi's were, through the sandbox and the JSON): the gold check refuses the dataset."""
+    from dataclasses import replace
 
-    monkeypatch.setattr(scoring, "_TUPLE_FIELDS", {})
-    monkeypatch.setattr(scoring, "_WORKER", scoring._ScorerWorker())  # a child with that table
-    try:
-        with pytest.raises(UserError, match=r"dataset arc_agi .*the gold answer scores 1 on 0%"):
-            admit("rg:arc_agi@direct")
-    finally:
-        scoring._WORKER.stop()
+    items = build_items("rg:chain_sum@direct", "val", 8)
+    wrong = [replace(it, answer=str(int(it.answer) + 1)) for it in items]
+    verdict = admission.judge("chain_sum", wrong)
+    assert verdict.failure and "the gold answer scores 1 on 0% of 8 items" in verdict.failure
+    assert admission.judge("chain_sum", items).failure is None
 
 
 @pytest.mark.parametrize(("dataset", "reason"), [

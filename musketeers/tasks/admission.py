@@ -7,12 +7,14 @@ datasets, graded by ``scoring.score`` (the path a policy's completion takes),
 
 * **build**: the dataset generates items here (else the generator's one-line error);
 * **gold**: the gold answer scores 1.0 on at least ``GOLD_SHARE`` of the items that have one
-  (items without a gold answer, graded by a verifier, and items whose gold is empty, which
-  no scorer here can tell from no answer, are left out of this check);
+  (items without a gold answer, graded by a verifier, and items whose gold is no answer,
+  empty or the question restated as an unevaluated integral (``hardening.no_answer``), are
+  left out of this check);
 * **forgery**: no forgery of the battery (``forgeries.FORGERIES``) earns full reward on
   ``GOLD_SHARE`` of the items (game_of_life_halting pays any non-empty answer), nor more than the
   dataset's best constant answer (its most common reference answer, ``forgeries``) by more
-  than ``FORGERY_MARGIN``.
+  than ``FORGERY_MARGIN``; nor does one constant answer earn full reward on ``GOLD_SHARE`` of
+  the items (puzzle24 pays one expression on every item).
 
 A task that fails is refused in one line naming the dataset, the check and ``OVERRIDE``.
 Verdicts are cached as JSON (``MUSKETEERS_ADMISSION_DIR``, else ~/.cache/musketeers/admission)
@@ -39,9 +41,9 @@ log = logging.getLogger(__name__)
 
 SAMPLE_PER_DATASET = 32
 GOLD_SHARE = 0.99
-# how far a forgery's mean reward may exceed the constant's: several scorers pay a wrong but
-# well-formed answer 0.01, which a forgery may get where the constant gets 0
-FORGERY_MARGIN = 0.01
+# how far a forgery's mean reward may exceed the constant's on the sample: partial-credit
+# scorers pay any text a little (figlet_font: a constant word 0.04, "infinity" 0.07)
+FORGERY_MARGIN = 0.05
 OVERRIDE = "--allow-unadmitted-reward"
 ADMISSION_DIR_ENV = "MUSKETEERS_ADMISSION_DIR"
 EXEMPT = {"gsm8k": "graded by its numeric parser, no Reasoning Gym scorer",
@@ -101,14 +103,17 @@ def _write_cached(path: Path, verdicts: list[Verdict]) -> None:
 
 def judge(source: str, group: list[Item]) -> Verdict:
     """The gold and forgery checks of one source dataset's ``group`` of items."""
-    from .forgeries import FORGERIES, best_scores, constant_answers
+    from .forgeries import FORGERIES, best_scores, constant_answers, entry_of
+    from .hardening import no_answer
     from .scoring import score
 
-    graded = [it for it in group if it.answer]  # None: a verifier; "": see the docstring
+    # None: a verifier grades it; no_answer: an empty or unevaluated gold (see the docstring)
+    graded = [it for it in group if it.answer is not None and not no_answer(entry_of(it))]
     gold = [score(it, f"<answer>{it.answer}</answer>") for it in graded]
     gold_share = sum(g >= 1.0 for g in gold) / len(gold) if gold else 1.0
     constant = constant_answers(group).get(source)
-    constant_score = best_scores(group, lambda it: [] if constant is None else [constant])[1]
+    constant_exact, constant_score = best_scores(
+        group, lambda it: [] if constant is None else [constant])
     battery = {name: best_scores(group, answers) for name, answers in FORGERIES.items()}
     forgery = max(battery, key=lambda name: battery[name][1])
     forgery_exact, forgery_score = battery[forgery]
@@ -119,6 +124,10 @@ def judge(source: str, group: list[Item]) -> Verdict:
     elif forgery_exact >= GOLD_SHARE:  # a constant that scores as well is no excuse
         failure = (f"the forgery '{forgery}' scores 1 on {100 * forgery_exact:.0f}% of the "
                    "items: the reward cannot tell an answer from none")
+    elif constant_exact >= GOLD_SHARE and len(group) > 1:
+        failure = (f"one constant answer ({constant!r:.40}) scores 1 on "
+                   f"{100 * constant_exact:.0f}% of the items: the reward does not read the "
+                   "question")
     elif forgery_score > constant_score + FORGERY_MARGIN:
         failure = (f"the forgery '{forgery}' scores {forgery_score:.2f}, above the best constant "
                    f"answer's {constant_score:.2f}")

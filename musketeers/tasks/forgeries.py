@@ -57,7 +57,7 @@ def reference_answer(item: Item) -> str | None:
     answer when it gives one (propositional_logic)."""
     if item.answer is not None:
         return item.answer
-    example = _entry(item).get("metadata", {}).get("example_answer")
+    example = entry_of(item).get("metadata", {}).get("example_answer")
     return example if isinstance(example, str) else None
 
 
@@ -72,7 +72,7 @@ def constant_answers(items: list[Item]) -> dict[str, str]:
     return {src: c.most_common(1)[0][0] for src, c in by_source.items()}
 
 
-def _entry(item: Item) -> dict[str, Any]:
+def entry_of(item: Item) -> dict[str, Any]:
     import json
 
     try:
@@ -88,7 +88,7 @@ def _echoes(item: Item) -> list[str]:
 
 
 def _premises(item: Item) -> list[str]:
-    return [p for p in _entry(item).get("metadata", {}).get("premises", [])
+    return [p for p in entry_of(item).get("metadata", {}).get("premises", [])
             if isinstance(p, str)]
 
 
@@ -99,7 +99,7 @@ def _conjoined(item: Item) -> list[str]:
 
 
 def _integral(item: Item) -> list[str]:
-    meta = _entry(item).get("metadata", {})
+    meta = entry_of(item).get("metadata", {})
     integrand, var = meta.get("integrand"), meta.get("variable", "x")
     return [f"Integral({integrand}, {var})"] if integrand else []
 

@@ -10,14 +10,17 @@ forgery battery (``forgeries.battery``) against reasoning_gym 0.1.25, each repro
   and ``min(1.0, nan)`` is 1.0 because every comparison with NaN is false. The answer is
   therefore judged as that scorer parses it (``_PARSERS``), not as written.
 * ``intermediate_integration``: ``Integral(<integrand>, x)`` scores 1.0: the scorer checks
-  that the answer's derivative equals the integrand, which the unevaluated integral's does.
+  that the answer's derivative equals the integrand, which the unevaluated integral's does. It
+  is refused even where the gold is itself such an integral (about one item in ten: sympy did
+  not integrate it), since it restates the question (``no_answer``).
 * ``propositional_logic``: restating a premise scores 0.775 on average, and all premises
   joined with ∧ score 1.0: the scorer grades a conclusion's validity, and the premises follow
   from themselves. An answer equivalent (same truth table) to a premise or to a conjunction of
   premises is refused, whatever its spelling.
 
-``forged`` rejects these before the scorer runs (a reward of 0.0). Each rule applies only
-where the gold answer does not itself take that form, so it never costs a correct answer.
+``forged`` rejects these before the scorer runs (a reward of 0.0). Each rule but the
+unevaluated one applies only where the gold answer does not itself take that form, so it never
+costs a correct answer.
 """
 
 from __future__ import annotations
@@ -107,6 +110,15 @@ _MAX_VARIABLES = 12  # Reasoning Gym's premises use a handful; beyond, the score
 _MAX_PREMISES = 8
 
 
+def no_answer(entry: dict[str, Any]) -> bool:
+    """Whether ``entry``'s gold answer is itself no answer: empty (string_manipulation; no
+    scorer pays an empty answer), or the question restated as an unevaluated integral
+    (intermediate_integration, when sympy could not integrate). No answer earns such an item
+    a reward: admission leaves it out of its gold check."""
+    gold = entry.get("answer")
+    return gold == "" or (isinstance(gold, str) and _UNEVALUATED.search(gold) is not None)
+
+
 def forged(answer: str | None, entry: dict[str, Any], source: str | None = None) -> str | None:
     """Why ``answer`` is a forgery of ``entry``'s scorer, or None when it may be graded.
     ``source``: the dataset whose scorer grades it (the entry's own when None)."""
@@ -117,7 +129,7 @@ def forged(answer: str | None, entry: dict[str, Any], source: str | None = None)
     gold = gold if isinstance(gold, str) else ""
     if _non_finite(source, answer) and not _non_finite(source, gold):
         return "a non-finite number"
-    if _UNEVALUATED.search(answer) and not _UNEVALUATED.search(gold):
+    if _UNEVALUATED.search(answer):  # a gold of that form is no answer either (no_answer)
         return "an unevaluated integral, derivative or limit"
     premises = _premises(entry)
     if premises and (_bare(answer) in {_bare(p) for p in premises}
