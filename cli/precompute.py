@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from musketeers.cache.errors import UserError
+from musketeers.cli.tasks import AllowOpt
 from musketeers.run.features import CACHE_DIR_ENV, cache_root
 
 TaskOpt = Annotated[str, typer.Option("--task", help="task name, or 'all'")]
@@ -48,11 +49,15 @@ def precompute(
     compile: Annotated[
         str, typer.Option(help="torch.compile the backbone: auto (CUDA, ≥ 2000 prompts), on, off")
     ] = "auto",
+    allow_unadmitted_reward: AllowOpt = False,
 ) -> None:
     """Run every expert of a team once over a task's train and val items into the store."""
     from musketeers.cli.interrupt import on_interrupt
-    from musketeers.run.features import precompute_features
+    from musketeers.run.features import expand_tasks, precompute_features
+    from musketeers.tasks.admission import admit
 
+    for each in expand_tasks(task):  # a reward that fails admission is refused before any work
+        admit(each, allow_unadmitted_reward)
     on_interrupt("run the same command again to resume")  # finished chunks are kept
     names = [e.strip() for e in experts.split(",") if e.strip()] if experts else None
     precompute_features(

@@ -7,6 +7,13 @@ from typing import Annotated
 
 import typer
 
+from musketeers.cache.errors import UserError
+
+SHOW_LIMIT = 4_000  # the validation split's size
+AllowOpt = Annotated[bool, typer.Option(
+    "--allow-unadmitted-reward",
+    help="go on although a dataset's reward fails admission (gold scores 0, a forgery pays)")]
+
 tasks_app = typer.Typer(help="Inspect tasks before training.", no_args_is_help=True)
 
 
@@ -49,16 +56,23 @@ def show(
         help="a task: arithmetic:easier@direct, rg:NAME or FILE.yaml")],
     limit: Annotated[int, typer.Option(help="validation items to measure")] = 400,
     examples: Annotated[int, typer.Option(help="example questions per dataset")] = 2,
+    allow_unadmitted_reward: AllowOpt = False,
 ) -> None:
     """Per source dataset of the validation items: share, examples, answer length, duplicates,
-    items without a gold answer, the two shortcuts' exact and the forgery battery."""
+    items without a gold answer, the two shortcuts' exact and the forgery battery; then the
+    task's admission (refused in one line, after the table, when its reward fails it)."""
     from rich.table import Table
 
     from musketeers.cache.progress import console as rich_console
     from musketeers.tasks import build_items, check_task
+    from musketeers.tasks.admission import admit
     from musketeers.tasks.forgeries import measure
 
     check_task(task)
+    if not 1 <= limit <= SHOW_LIMIT:  # the work grows with it: bounded before any is done
+        raise UserError(f"--limit must be 1..{SHOW_LIMIT} validation items, got {limit}")
+    if not 0 <= examples <= SHOW_LIMIT:
+        raise UserError(f"--examples must be 0..{SHOW_LIMIT}, got {examples}")
     items = build_items(task, "val", limit)
     console = rich_console()
     questions = Counter(it.question for it in items)
@@ -86,6 +100,10 @@ def show(
     worst = max((r.worst_forgery[1] - r.shortcut_baseline for r in reports), default=0.0)
     if worst > 1e-9:
         console.print(f"[red]a forgery beats the shortcut baseline by {worst:.2f}[/red]")
+    verdicts = admit(task, allow_unadmitted_reward)
+    failed = [v.dataset for v in verdicts if v.failure]
+    console.print(f"admission: {'not admitted: ' + ', '.join(failed) if failed else 'admitted'}"
+                  f" ({len(verdicts)} datasets checked)")
 
 
 def register(app: typer.Typer) -> None:

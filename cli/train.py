@@ -21,6 +21,7 @@ from typing import Annotated, Any
 import typer
 
 from musketeers.cache.errors import UserError
+from musketeers.cli.tasks import AllowOpt
 from musketeers.config import TrainConfig, cli_fields
 
 Opt = typer.Option
@@ -51,13 +52,14 @@ def _option(f: Field) -> inspect.Parameter:
 
 
 def _train(config: Path | None = None, resume: bool = False, resume_unverified: bool = False,
-           **options: Any) -> None:
+           allow_unadmitted_reward: bool = False, **options: Any) -> None:
     """Train the policy and adapter with GRPO on cached expert vectors."""
     from musketeers.cli.interrupt import on_interrupt
     from musketeers.config import apply_overrides, read_run_config, resolve_config, validate
     from musketeers.run.distributed import lead
     from musketeers.run.runfolder import resume_command
     from musketeers.run.trainer import train as run_training
+    from musketeers.tasks.admission import admit
 
     overrides = {k: str(v) if isinstance(v, Path) else v for k, v in options.items()
                  if v is not None}
@@ -87,6 +89,7 @@ def _train(config: Path | None = None, resume: bool = False, resume_unverified: 
         validate(cfg)
     else:
         cfg = resolve_config(config, overrides)
+    admit(cfg.task, allow_unadmitted_reward)  # before any model loads (cached per task)
     on_interrupt(f"resume it with: {resume_command(cfg.run_path())}")
     summary = run_training(cfg, resume=resume, stop_after=stop_after,
                            unverified=resume_unverified)
@@ -116,6 +119,8 @@ def train_command() -> Any:
                           annotation=Annotated[bool, Opt(
                               help="--resume, also from checkpoints whose manifest is missing "
                                    "or not signed with your key (manifest.key)")]),
+        inspect.Parameter("allow_unadmitted_reward", inspect.Parameter.KEYWORD_ONLY,
+                          default=False, annotation=AllowOpt),
     ]
     train.__signature__ = inspect.Signature([*map(_option, cli_fields()), *own])  # type: ignore[attr-defined]
     train.__doc__ = _train.__doc__

@@ -40,8 +40,13 @@ def test_unevaluated_integral_and_restated_premise_score_nothing():
     assert forged("Integral(x, x)", entry) and not forged("x**2/2 + C", entry)
     logic = {"answer": None, "metadata": {"premises": ["P", "(Q → P)"]}}
     assert forged("(P)", logic) and forged("Q → P", logic) and not forged("(P ∨ Q)", logic)
-    # a gold that is itself non-finite or unevaluated is never refused
-    assert not forged("Integral(exp(x**2), x)", {"answer": "Integral(exp(x**2), x) + C"})
+    # a gold that is itself non-finite is never refused; an unevaluated gold is no answer: the
+    # integral restated earns nothing there either, and admission leaves the item out
+    from musketeers.tasks.hardening import no_answer
+
+    unevaluated = {"answer": "Integral(exp(x**2), x) + C"}
+    assert forged("Integral(exp(x**2), x)", unevaluated) and no_answer(unevaluated)
+    assert not no_answer(entry) and not forged("nan", {"answer": "nan"})
 
 
 # every packaged base and level, each once: a prompt style changes what the experts read,

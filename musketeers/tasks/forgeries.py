@@ -8,8 +8,9 @@ answers that say nothing (``hardening``). For each source dataset of a split thi
   dataset) and copying the input (the best of the question's last quoted string or number
   and every number or expression span in it); the better one's mean score is the
   dataset's *shortcut baseline*, and its exact is printed beside every task;
-* the **forgery battery**: non-finite numbers, unevaluated integrals, every premise restated,
-  the question itself, an empty answer and a huge one. A forgery must score no more than
+* the **forgery battery**: non-finite numbers (in the spellings scorers normalise), unevaluated
+  integrals, every premise restated, doubly negated or all conjoined, the question itself, an
+  empty answer and a huge one. A forgery must score no more than
   the shortcut baseline.
 
 Everything is graded by ``scoring.score`` on ``<answer>…</answer>`` completions, the path a
@@ -31,7 +32,11 @@ _QUOTED = re.compile(r"[\"'`]([^\"'`\n]{1,200})[\"'`]")
 _EXPRESSION = re.compile(r"[-+*/^()\d.\sA-Za-z]*\d[-+*/^()\d.\sA-Za-z]*")
 
 NON_FINITE = ("nan", "NaN", "nanj", "-nan", "inf", "-inf", "infinity", "nan + nanj", "oo",
-              "zoo")
+              "zoo",
+              # spellings a scorer normalises into one of the above (complex_arithmetic drops
+              # spaces, lowers the case, reads i as j and strips outer parentheses)
+              "nani", "NaN j", " n a n i", "N a N", "nan+nani", "(nan)", "-nani", "infi",
+              "inf+infi")
 
 
 def copy_input(question: str) -> str:
@@ -47,16 +52,27 @@ def copy_input(question: str) -> str:
     return words[-1].strip(".?!:") if words else ""
 
 
+def reference_answer(item: Item) -> str | None:
+    """The gold answer; for a dataset graded by a verifier (no gold), Reasoning Gym's example
+    answer when it gives one (propositional_logic)."""
+    if item.answer is not None:
+        return item.answer
+    example = entry_of(item).get("metadata", {}).get("example_answer")
+    return example if isinstance(example, str) else None
+
+
 def constant_answers(items: list[Item]) -> dict[str, str]:
-    """Per source dataset, its most common gold answer in ``items`` (ties: the first seen)."""
+    """Per source dataset, its most common reference answer in ``items`` (ties: the first
+    seen)."""
     by_source: dict[str, Counter] = defaultdict(Counter)
     for it in items:
-        if it.answer is not None:
-            by_source[it.source][it.answer] += 1
+        answer = reference_answer(it)
+        if answer is not None:
+            by_source[it.source][answer] += 1
     return {src: c.most_common(1)[0][0] for src, c in by_source.items()}
 
 
-def _entry(item: Item) -> dict[str, Any]:
+def entry_of(item: Item) -> dict[str, Any]:
     import json
 
     try:
@@ -72,12 +88,18 @@ def _echoes(item: Item) -> list[str]:
 
 
 def _premises(item: Item) -> list[str]:
-    return [p for p in _entry(item).get("metadata", {}).get("premises", [])
+    return [p for p in entry_of(item).get("metadata", {}).get("premises", [])
             if isinstance(p, str)]
 
 
+def _conjoined(item: Item) -> list[str]:
+    """The premises joined with ∧, in their order and reversed (each premise parenthesised)."""
+    premises = [f"({p})" for p in _premises(item)]
+    return [" ∧ ".join(premises), " ∧ ".join(reversed(premises))] if len(premises) > 1 else []
+
+
 def _integral(item: Item) -> list[str]:
-    meta = _entry(item).get("metadata", {})
+    meta = entry_of(item).get("metadata", {})
     integrand, var = meta.get("integrand"), meta.get("variable", "x")
     return [f"Integral({integrand}, {var})"] if integrand else []
 
@@ -88,6 +110,8 @@ FORGERIES: dict[str, Callable[[Item], list[str]]] = {
     "non-finite": lambda it: list(NON_FINITE),
     "unevaluated integral": _integral,
     "premise restated": _premises,
+    "premise doubly negated": lambda it: [f"¬¬({p})" for p in _premises(it)],
+    "premises conjoined": _conjoined,
     "question echoed": lambda it: [it.question],
     "empty": lambda it: [""],
     "huge": lambda it: ["9" * 4000],
@@ -134,7 +158,7 @@ def _grade(item: Item, answer: str) -> float:
     return score(item, f"<answer>{answer}</answer>", "strict")
 
 
-def _best(group: list[Item], answers: Callable[[Item], list[str]]) -> tuple[float, float]:
+def best_scores(group: list[Item], answers: Callable[[Item], list[str]]) -> tuple[float, float]:
     """(exact, mean score) of each item's best answer among ``answers(item)``."""
     best = [max((_grade(it, a) for a in answers(it)), default=0.0) for it in group]
     return sum(b >= 1.0 for b in best) / len(group), sum(best) / len(group)
@@ -149,9 +173,9 @@ def measure(items: list[Item], forgeries: bool = True) -> list[SourceReport]:
     reports = []
     for src, group in sorted(by_source.items()):
         const = constants.get(src)
-        const_exact, const_score = _best(group, lambda it, c=const: [] if c is None else [c])
-        copy_exact, copy_score = _best(group, copies)
-        scores = {name: _best(group, answers)[1] for name, answers in FORGERIES.items()} \
+        const_exact, const_score = best_scores(group, lambda it, c=const: [] if c is None else [c])
+        copy_exact, copy_score = best_scores(group, copies)
+        scores = {name: best_scores(group, answers)[1] for name, answers in FORGERIES.items()} \
             if forgeries else {}
         reports.append(SourceReport(src, len(group), const, const_exact, const_score,
                                     copy_exact, copy_score, scores))

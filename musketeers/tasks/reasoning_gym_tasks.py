@@ -36,6 +36,7 @@ from dataclasses import asdict
 from functools import cache
 from typing import Any
 
+from musketeers.cache.errors import UserError
 from musketeers.cache.items import Item
 from musketeers.cache.progress import progress
 from musketeers.cache.store import store_name
@@ -90,17 +91,44 @@ def scorer_config(item_id: str, source: str) -> dict[str, Any]:
 _RESOLVED: dict[str, dict[str, dict[str, Any]]] = {}
 
 
+# datasets that cannot stream STREAM_SIZE items, refused before any work: acre builds its
+# whole stream when constructed (hours at this size)
+_NO_STREAM = {"acre": f"it builds all {STREAM_SIZE} items of its stream up front"}
+
+
+def cannot_generate(dataset: str, reason: str) -> UserError:
+    """The one-line refusal of a dataset this process cannot generate items of."""
+    return UserError(f"dataset {dataset} cannot be generated here: {reason}; drop it from "
+                     "the task")
+
+
+def _reason(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:200]
+
+
 @cache
 def make_dataset(task: str, split: str):
-    """The split's stream: a composite (task files) or a single dataset, fixed seed and size."""
+    """The split's stream: a composite (task files) or a single dataset, fixed seed and size.
+
+    Each member is built alone first, so a dataset that cannot be built is named in one line
+    (word_ladder refuses a stream this long)."""
     import reasoning_gym
     from reasoning_gym.composite import CompositeConfig, CompositeDataset, DatasetSpec
 
     seed = SEEDS[split]
     name = parse_task(task)
+    built = {}
+    for d in members(name):
+        if d.name in _NO_STREAM:
+            raise cannot_generate(d.name, _NO_STREAM[d.name])
+        try:
+            built[d.name] = reasoning_gym.create_dataset(d.name, seed=seed, size=STREAM_SIZE,
+                                                         **d.config)
+        except Exception as exc:
+            raise cannot_generate(d.name, _reason(exc)) from exc
     if not is_composite(name):
-        (d,) = members(name)
-        return reasoning_gym.create_dataset(d.name, seed=seed, size=STREAM_SIZE, **d.config)
+        return next(iter(built.values()))
     specs = [DatasetSpec(name=d.name, weight=d.weight, config=dict(d.config))
              for d in members(name)]
     return CompositeDataset(CompositeConfig(size=STREAM_SIZE, seed=seed, datasets=specs))
@@ -143,9 +171,20 @@ def prebuild(requests: list[tuple[str, str, int]]) -> None:
     level = logging.getLogger("musketeers.progress").getEffectiveLevel()
     code = f"from {__name__} import _child; _child({[r[1:] for r in todo]!r}, {level})"
     # stderr is inherited: the child's progress bar or log lines reach the user
-    out = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
-                         check=True).stdout
-    for (key, _, split, n), rows in zip(todo, json.loads(out), strict=True):
+    proc = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                          check=False)
+    try:
+        reply = json.loads(proc.stdout)
+    except ValueError:
+        reply = None
+    if isinstance(reply, dict) and isinstance(reply.get("error"), str):
+        raise UserError(reply["error"])
+    if proc.returncode != 0 or not isinstance(reply, list):
+        names = ", ".join(sorted({d for _, t, _, _ in todo for d, _ in task_members(t)}))
+        raise UserError(f"the items of {names} could not be generated (the generating "
+                        f"process exited with {proc.returncode}); drop the dataset that "
+                        "fails from the task")
+    for (key, _, split, n), rows in zip(todo, reply, strict=True):
         _BUILT[key, split, n] = tuple(Item(**row) for row in rows)
 
 
@@ -163,7 +202,11 @@ def _generate(task: str, split: str, n: int) -> list[Item]:
         while len(items) < n:
             if idx >= STREAM_SIZE:
                 raise RuntimeError(f"{task}/{split}: stream exhausted after {idx} entries")
-            entry = ds[idx]
+            try:
+                entry = ds[idx]
+            except Exception as exc:  # a generator's bug on one index: name the dataset
+                source = _member_of(task, idx, split)
+                raise cannot_generate(source, f"item {idx}: {_reason(exc)}") from exc
             idx += 1
             question = entry["question"]
             if split_of(question) != split:
@@ -180,6 +223,20 @@ def _generate(task: str, split: str, n: int) -> list[Item]:
             ))
             bar.advance()
     return items
+
+
+def _member_of(task: str, idx: int, split: str) -> str:
+    """The member dataset whose generator stream index ``idx`` of ``task`` falls to, as the
+    composite draws it (seeded by ``seed + idx``); the task's name when that is not known."""
+    ds = make_dataset(task, split)
+    try:
+        from random import Random
+
+        rng = Random(ds.seed + idx)
+        return rng.choices(ds.dataset_names, weights=ds.weights, k=1)[0]
+    except Exception:  # not a composite (one dataset), or a composite of another shape
+        only = members(parse_task(task))
+        return only[0].name if len(only) == 1 else task_id(task)
 
 
 def rg_task_spec(task: str) -> dict[str, Any]:
@@ -209,4 +266,14 @@ def rg_task_spec(task: str) -> dict[str, Any]:
 def _child(requests: list[tuple[str, str, int]], level: int) -> None:
     """Entry of the ``PYTHONHASHSEED=0`` child: one JSON list of item lists on stdout."""
     logging.basicConfig(level=level, format="%(message)s")
-    json.dump([[asdict(it) for it in _generate(*r)] for r in requests], sys.stdout)
+    # the reply gets stdout to itself: what a generator prints (bf prints dots) goes to stderr
+    reply = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    try:
+        result: Any = [[asdict(it) for it in _generate(*r)] for r in requests]
+    except UserError as exc:
+        result = {"error": str(exc)}
+    except Exception as exc:  # what no generator should raise, still told in one line
+        result = {"error": f"the items could not be generated: {_reason(exc)}"}
+    json.dump(result, reply)
+    reply.flush()

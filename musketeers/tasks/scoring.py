@@ -10,9 +10,11 @@ same text for well-formed completions, but it is quadratic on many unclosed open
 nested tags it returns the outer text with an inner ``<answer>`` in it; ours returns the
 innermost, last pair.
 
-Extracted answers longer than ``MAX_ANSWER_CHARS`` score 0.0 without reaching the scorer:
-no gold answer of any task here is near that long (a test checks it), and some scorers parse
-their input with sympy, whose cost grows with the input.
+Extracted answers longer than ``MAX_ANSWER_CHARS`` score 0.0 without reaching the scorer. It is
+far above any gold answer of the packaged tasks (a test checks it) and above the long gold
+lists some datasets have (palindrome_partitioning's pass 4096 characters); the scorers that
+parse their input with sympy, whose cost grows with the input, have the answer grammar's
+tighter cap (``answer_grammar``).
 
 Threat model. The policy is trained to maximise this reward, so it will find any way to forge
 it, and the grading machine is shared: completions are hostile input. Three Reasoning Gym
@@ -67,7 +69,7 @@ from . import answer_grammar, hardening, sandbox
 
 log = logging.getLogger(__name__)
 
-MAX_ANSWER_CHARS = 4096
+MAX_ANSWER_CHARS = 65536
 SCORE_TIMEOUT_S = 10.0
 WORKER_START_TIMEOUT_S = 180.0
 WORKER_MEMORY_BYTES = 4 << 30
@@ -152,17 +154,51 @@ def _rg_scorer(source: str, config_json: str | None):
     return reasoning_gym.create_dataset(source, **cfg).score_answer
 
 
+# metadata fields that a scorer compares, as tuples, with what it parses from the answer: the
+# item's JSON made them lists, and ``(1,) == [1]`` is false, so the gold answer scored 0.05
+_TUPLE_FIELDS = {"arc_agi": ("output",), "rearc": ("output",)}
+
+
+def _as_tuples(value: Any) -> Any:
+    return tuple(_as_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def _restore_tuples(source: str, entry: dict[str, Any]) -> dict[str, Any]:
+    """``entry`` with the fields ``source``'s scorer reads as tuples made tuples again."""
+    metadata = entry.get("metadata")
+    fields = [f for f in _TUPLE_FIELDS.get(source, ()) if isinstance(metadata, dict)
+              and f in metadata]
+    if not fields:
+        return entry
+    return {**entry, "metadata": {**metadata, **{f: _as_tuples(metadata[f]) for f in fields}}}
+
+
 def _grade_rg(source: str, answer: str | None, entry_json: str,
               config_json: str | None = None) -> float:
     """The grade, or 0.0 for an answer outside the grammar of a scorer that evaluates it, or
     one of the forgeries its scorer would reward (``hardening``)."""
     entry = json.loads(entry_json)
     source = entry.get("metadata", {}).get("source_dataset") or source
+    entry = _restore_tuples(source, entry)
     if not answer_grammar.entry_admits(source, entry):
         return 0.0  # an edited store: the entry's evaluated field is not an expression
-    if not answer_grammar.admits(source, answer, entry) or hardening.forged(answer, entry):
+    if not answer_grammar.admits(source, answer, entry) or hardening.forged(answer, entry, source):
         return 0.0
     return float(_rg_scorer(source, config_json)(answer, entry))
+
+
+def _import_every_module(package: Any) -> None:
+    """Import every submodule of ``package`` now, before the sandbox: some datasets import
+    theirs when first built (arc_1d), and a module's import may reach frames (``typing``
+    does), which the sandbox refuses; such a scorer would grade every answer 0.0."""
+    import importlib
+    import pkgutil
+
+    for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+        try:
+            importlib.import_module(module.name)
+        except Exception:  # a contributed script that is no module (code.contrib): unused
+            continue
 
 
 def _serve(root: str, private: bool = True) -> None:
@@ -176,9 +212,11 @@ def _serve(root: str, private: bool = True) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_BYTES, WORKER_MEMORY_BYTES))
     except (ValueError, OSError):  # not every platform allows it
         pass
+    # the channel first: what an import prints must not reach the protocol
+    requests, replies = sandbox.private_channel() if private else (sys.stdin, sys.stdout)
     import reasoning_gym  # noqa: F401  (import before "ready": start-up is not grading time)
 
-    requests, replies = sandbox.private_channel() if private else (sys.stdin, sys.stdout)
+    _import_every_module(reasoning_gym)
     sandbox.confine(root)
     replies.write("ready\n")
     replies.flush()

@@ -24,7 +24,7 @@ import difflib
 import hashlib
 import logging
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -102,6 +102,39 @@ def _config_keys(name: str) -> tuple[str, ...]:
     return tuple(f.name for f in fields(DATASETS[name][1]))
 
 
+BOUND_FACTOR = 10  # how far past Reasoning Gym's own largest setting a knob may go
+BOUND_FLOOR = 1_000
+
+
+def _numbers(value: Any) -> list[float]:
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int | float):
+        return [abs(value)] if math.isfinite(value) else []
+    if isinstance(value, list | tuple):
+        return [x for v in value for x in _numbers(v)]
+    return []
+
+
+@cache
+def _bound(name: str, key: str) -> float:
+    """The largest magnitude ``name``'s ``key`` may take: ``BOUND_FACTOR`` times the largest of
+    its default and its curriculum's levels, and at least ``BOUND_FLOOR``. A knob beyond every
+    setting Reasoning Gym uses (a grid side of 10**9) would make generation run without end."""
+    from reasoning_gym.factory import CURRICULA, DATASETS
+
+    seen: list[float] = []
+    for f in fields(DATASETS[name][1]):
+        if f.name == key and not isinstance(f.default, type(MISSING)):
+            seen += _numbers(f.default)
+    if name in CURRICULA:
+        for attr in getattr(CURRICULA[name](), "_attributes", {}).values():
+            if key in (getattr(attr, "field_name", None), getattr(attr, "lower_field_name", None),
+                       getattr(attr, "upper_field_name", None)):
+                seen += _numbers(getattr(attr, "levels", []))
+    return max(BOUND_FLOOR, BOUND_FACTOR * max(seen, default=0.0))
+
+
 def _check_config(name: str, config: Any, where: str) -> dict[str, Any]:
     """The config, its keys checked against the dataset's config dataclass and its values
     against that dataclass's own ``validate`` (Reasoning Gym's checks, not ours)."""
@@ -117,6 +150,16 @@ def _check_config(name: str, config: Any, where: str) -> dict[str, Any]:
     if unknown:
         raise UserError(f"{where}: {name} has no config key {unknown[0]!r}; valid keys: "
                         f"{', '.join(keys)}")
+    if "size" in config or "seed" in config:
+        raise UserError(f"{where}: a dataset's size and seed are the split rule's, the same for "
+                        "every task; drop them from its config")
+    for key, value in config.items():
+        bound = _bound(name, key)
+        if isinstance(value, int | float) and not isinstance(value, bool) \
+                and not abs(value) <= bound:  # NaN included
+            raise UserError(f"{where}: {name}'s {key} {value!r} is beyond what it can generate "
+                            f"in bounded time (|{key}| <= {bound:g}, {BOUND_FACTOR}x the most "
+                            "Reasoning Gym's defaults and curriculum use); lower it")
     try:
         made = DATASETS[name][1](**config)
         if hasattr(made, "validate"):
