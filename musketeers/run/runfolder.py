@@ -4,7 +4,10 @@
 store's lock helper, so a killed run never leaves a stale lock) for the whole run. A fresh run
 records the fingerprints of what it reads (the train split's items, each expert's and, for
 hard routing, the router's) in ``fingerprints.json``; ``--resume`` compares them with the store
-it is given and refuses another, so ``--cache-dir`` may move a store but never swap it.
+it is given and refuses another, so ``--cache-dir`` may move a store but never swap it. It also
+records the sha256 of its resolved config (``config.sha256``, what is computed: NOT_COMPUTED
+aside); ``--resume`` and ``eval`` refuse a ``config.yaml`` edited since, whose lr or steps
+would disagree with ``metrics.jsonl``.
 
 The start / resume decision, made before any model loads:
 
@@ -17,6 +20,7 @@ The start / resume decision, made before any model loads:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -41,6 +45,11 @@ from musketeers.run.runlog import truncate_metrics
 log = logging.getLogger("musketeers.train")
 
 FINGERPRINTS = "fingerprints.json"
+CONFIG_DIGEST = "config.sha256"
+# TrainConfig fields that say where files live and how the hardware ran a run, not what it
+# computed: a resumed run may change them, and a grid run that differs only in them is its own
+NOT_COMPUTED = ("run_dir", "cache_dir", "device", "threads", "decode_prompts", "decode_graphs",
+                "prepack_decode")
 SPLIT = "train"  # what training reads; eval's val split is checked by its own reader
 
 
@@ -176,6 +185,8 @@ def prepare(cfg: TrainConfig, run: Path, resume: bool) -> dict[str, Any]:
         if steps != cfg.steps:  # the LR schedule and the summary are sized by it
             raise UserError(f"--resume keeps the run's {steps} steps (asked {cfg.steps}); "
                             "keep its steps, or start a new --run-dir for another length")
+    if not check_config(cfg, run):  # a run from before config digests were recorded
+        log.warning("%s has no %s; recording the config it resumes with", run, CONFIG_DIGEST)
     if not check_store(cfg, run, now):  # a run from before fingerprints were recorded
         log.warning("%s has no %s; recording the store it resumes on", run, FINGERPRINTS)
     return now
@@ -206,6 +217,32 @@ def check_store(cfg: TrainConfig, run: Path, now: dict[str, Any] | None = None) 
     return True
 
 
+def config_digest(cfg: TrainConfig) -> str:
+    """sha256 of what the config computes: NOT_COMPUTED and the fields its method ignores
+    left out, so moving a store or changing threads never reads as another run."""
+    skip = {*NOT_COMPUTED, *methods.ignored(cfg.method)}
+    values = {k: v for k, v in cfg.to_dict().items() if k not in skip}
+    return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def check_config(cfg: TrainConfig, run: Path) -> bool:
+    """Refuse a config that is not the one ``run`` started with (a hand-edited config.yaml);
+    False when the run recorded no digest (a run from before they were)."""
+    path = run / CONFIG_DIGEST
+    if not path.is_file():
+        return False
+    try:
+        saved = path.read_text("utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path} is unreadable ({exc}); restore the run folder from its "
+                        "published copy, or start a new --run-dir") from None
+    if saved != config_digest(cfg):
+        raise UserError(f"{run / 'config.yaml'} differs from the config the run started with "
+                        f"({CONFIG_DIGEST}); restore config.yaml as it was, or start a new "
+                        "--run-dir for other settings")
+    return True
+
+
 def restore(run: Path, resume: bool, model, adapter, optimizer, scheduler, generator) -> int:
     """The step the loop starts at: the newest intact checkpoint's, or 0 (said plainly when a
     resumed run had none); metrics.jsonl keeps only the rows before it."""
@@ -224,9 +261,13 @@ def restore(run: Path, resume: bool, model, adapter, optimizer, scheduler, gener
 
 
 def begin(cfg: TrainConfig, run: Path, fingerprints: dict[str, Any]) -> None:
-    """Create the folder and write config.yaml and fingerprints.json (each atomically)."""
+    """Create the folder and write config.yaml, its digest and fingerprints.json (each
+    atomically); a resumed run's digest was checked in ``prepare`` and is the same."""
     with disk_errors(run):
         run.mkdir(parents=True, exist_ok=True)
+        tmp = run / f"{CONFIG_DIGEST}.tmp"
+        tmp.write_text(config_digest(cfg) + "\n")
+        os.replace(tmp, run / CONFIG_DIGEST)
         tmp = run / "config.yaml.tmp"
         save_config(cfg, tmp)
         os.replace(tmp, run / "config.yaml")
