@@ -141,6 +141,22 @@ def test_resume_and_eval_refuse_a_hand_edited_config(planted_store, tmp_path: Pa
     assert steps == [1, 2]
 
 
+def test_the_config_digest_ignores_where_a_run_lives_and_fields_added_since(tmp_path: Path):
+    from dataclasses import replace
+
+    from musketeers.config import TrainConfig
+    from musketeers.run.runfolder import CONFIG_DIGEST, check_config, config_digest
+
+    cfg = TrainConfig(task="arithmetic", lr=1e-3)
+    recorded = config_digest(cfg)
+    recorded = config_digest(cfg, [k for k in recorded["fields"] if k != "adapter_lr"])
+    (tmp_path / CONFIG_DIGEST).write_text(json.dumps(recorded))  # a run from before adapter_lr
+    assert check_config(replace(cfg, adapter_lr=9.0, device="cuda", cache_dir="x", threads=3),
+                        tmp_path)
+    with pytest.raises(UserError, match="differs from the config the run started with"):
+        check_config(replace(cfg, lr=1e-2), tmp_path)
+
+
 # --- 5. the grid publishes only its own evaluations, whole -----------------------------------
 
 def _evaluated_run(run: Path, limit: int, samples: list[dict]) -> None:

@@ -5,9 +5,9 @@ store's lock helper, so a killed run never leaves a stale lock) for the whole ru
 records the fingerprints of what it reads (the train split's items, each expert's and, for
 hard routing, the router's) in ``fingerprints.json``; ``--resume`` compares them with the store
 it is given and refuses another, so ``--cache-dir`` may move a store but never swap it. It also
-records the sha256 of its resolved config (``config.sha256``, what is computed: NOT_COMPUTED
-aside); ``--resume`` and ``eval`` refuse a ``config.yaml`` edited since, whose lr or steps
-would disagree with ``metrics.jsonl``.
+records the sha256 of its resolved config (``config_digest.json``, what is computed:
+NOT_COMPUTED aside); ``--resume`` and ``eval`` refuse a ``config.yaml`` edited since, whose lr
+or steps would disagree with ``metrics.jsonl``.
 
 The start / resume decision, made before any model loads:
 
@@ -45,7 +45,7 @@ from musketeers.run.runlog import truncate_metrics
 log = logging.getLogger("musketeers.train")
 
 FINGERPRINTS = "fingerprints.json"
-CONFIG_DIGEST = "config.sha256"
+CONFIG_DIGEST = "config_digest.json"
 # TrainConfig fields that say where files live and how the hardware ran a run, not what it
 # computed: a resumed run may change them, and a grid run that differs only in them is its own
 NOT_COMPUTED = ("run_dir", "cache_dir", "device", "threads", "decode_prompts", "decode_graphs",
@@ -217,12 +217,16 @@ def check_store(cfg: TrainConfig, run: Path, now: dict[str, Any] | None = None) 
     return True
 
 
-def config_digest(cfg: TrainConfig) -> str:
-    """sha256 of what the config computes: NOT_COMPUTED and the fields its method ignores
-    left out, so moving a store or changing threads never reads as another run."""
+def config_digest(cfg: TrainConfig, keys: list[str] | None = None) -> dict[str, Any]:
+    """{fields, sha256} of what the config computes: NOT_COMPUTED and the fields its method
+    ignores left out, so moving a store or changing threads never reads as another run.
+    ``keys``: the fields a run recorded, so a field added to TrainConfig since (read back as
+    its default) does not read as an edit."""
     skip = {*NOT_COMPUTED, *methods.ignored(cfg.method)}
-    values = {k: v for k, v in cfg.to_dict().items() if k not in skip}
-    return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()
+    values = cfg.to_dict()
+    keys = sorted(k for k in values if k not in skip) if keys is None else keys
+    text = json.dumps({k: values.get(k, "<absent>") for k in keys}, sort_keys=True, default=str)
+    return {"fields": keys, "sha256": hashlib.sha256(text.encode()).hexdigest()}
 
 
 def check_config(cfg: TrainConfig, run: Path) -> bool:
@@ -232,11 +236,13 @@ def check_config(cfg: TrainConfig, run: Path) -> bool:
     if not path.is_file():
         return False
     try:
-        saved = path.read_text("utf-8").strip()
-    except (OSError, UnicodeDecodeError) as exc:
+        saved = json.loads(path.read_text("utf-8"))
+        if not isinstance(saved, dict) or not isinstance(saved.get("fields"), list):
+            raise ValueError("not a config digest")
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
         raise UserError(f"{path} is unreadable ({exc}); restore the run folder from its "
                         "published copy, or start a new --run-dir") from None
-    if saved != config_digest(cfg):
+    if saved.get("sha256") != config_digest(cfg, [str(k) for k in saved["fields"]])["sha256"]:
         raise UserError(f"{run / 'config.yaml'} differs from the config the run started with "
                         f"({CONFIG_DIGEST}); restore config.yaml as it was, or start a new "
                         "--run-dir for other settings")
@@ -265,12 +271,12 @@ def begin(cfg: TrainConfig, run: Path, fingerprints: dict[str, Any]) -> None:
     atomically); a resumed run's digest was checked in ``prepare`` and is the same."""
     with disk_errors(run):
         run.mkdir(parents=True, exist_ok=True)
-        tmp = run / f"{CONFIG_DIGEST}.tmp"
-        tmp.write_text(config_digest(cfg) + "\n")
-        os.replace(tmp, run / CONFIG_DIGEST)
         tmp = run / "config.yaml.tmp"
         save_config(cfg, tmp)
         os.replace(tmp, run / "config.yaml")
+        tmp = run / f"{CONFIG_DIGEST}.tmp"  # after config.yaml: a kill between is a warning
+        tmp.write_text(json.dumps(config_digest(cfg), indent=1) + "\n")
+        os.replace(tmp, run / CONFIG_DIGEST)
         tmp = run / f"{FINGERPRINTS}.tmp"
         tmp.write_text(json.dumps(fingerprints, indent=1, sort_keys=True))
         os.replace(tmp, run / FINGERPRINTS)
