@@ -222,7 +222,8 @@ def config_digest(cfg: TrainConfig, keys: list[str] | None = None) -> dict[str, 
     ignores left out, so moving a store or changing threads never reads as another run.
     ``keys``: the fields a run recorded, so a field added to TrainConfig since (read back as
     its default) does not read as an edit."""
-    skip = {*NOT_COMPUTED, *methods.ignored(cfg.method)}
+    # team_file is a path too: the team it names is checked by fingerprints.json's experts
+    skip = {*NOT_COMPUTED, "team_file", *methods.ignored(cfg.method)}
     values = cfg.to_dict()
     keys = sorted(k for k in values if k not in skip) if keys is None else keys
     text = json.dumps({k: values.get(k, "<absent>") for k in keys}, sort_keys=True, default=str)
