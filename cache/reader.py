@@ -3,8 +3,8 @@
 Every read refuses what it cannot trust (absent, incomplete, corrupt, swapped for other rows,
 non-finite) with a UserError naming the ``musketeers precompute`` command that fixes it.
 Before a unit's rows are used, every chunk is hashed against the digests recorded when it was
-built (``layout.seal``): this decodes the whole unit once (the cost is in BENCHMARKS.md,
-"reads"); a unit without digests is read with a warning, every time.
+built (``layout.seal``): this decodes the whole unit once (its cost: BENCHMARKS.md, "Measured
+by hand"); a unit without digests is read with a warning, every time.
 """
 
 from __future__ import annotations
