@@ -56,6 +56,8 @@ class StoreInfo:
     format_version: Any
     items: dict[str, int | None] = field(default_factory=dict)  # readable splits: items held
     units: list[UnitInfo] = field(default_factory=list)
+    # finished groups without recorded digests (``layout.seal``): a swapped chunk goes unseen
+    unsealed: list[str] = field(default_factory=list)
 
     def experts(self, split: str) -> dict[str, UnitInfo]:
         return {u.name: u for u in self.units if u.split == split and u.kind == layout.EXPERTS}
@@ -79,16 +81,19 @@ def describe(path: Path) -> StoreInfo:
             info.units.append(UnitInfo(split, "?", "?", damage="unreadable metadata"))
             continue
         try:
-            info.items[split] = layout.item_count(layout.items_group(sg))
+            items = layout.items_group(sg)
+            info.items[split] = layout.item_count(items)
+            if layout.stored_items_fingerprint(items) and not layout.has_manifest(items):
+                info.unsealed.append(items.path)
         except Damaged:
             info.items[split] = None
         for kind in child_names(sg):
             if kind in (layout.EXPERTS, layout.ROUTER):
-                info.units.extend(_units(sg, split, kind))
+                info.units.extend(_units(sg, split, kind, info.unsealed))
     return info
 
 
-def _units(sg: zarr.Group, split: str, kind: str) -> list[UnitInfo]:
+def _units(sg: zarr.Group, split: str, kind: str, unsealed: list[str]) -> list[UnitInfo]:
     try:
         container = child(sg, kind)
     except Damaged:
@@ -101,6 +106,10 @@ def _units(sg: zarr.Group, split: str, kind: str) -> list[UnitInfo]:
         except Damaged:
             g, damage = None, "unreadable metadata"
         out.append(UnitInfo(split, kind, name, damage=damage) if damage else _unit(g, split, kind))
+        if not damage:
+            unsealed += [f"{g.path}" + ("" if flag == layout.DONE else f" ({flag})")
+                         for flag in layout.unit_flags(g)
+                         if layout.is_complete(g, flag) and not layout.has_manifest(g, flag)]
     return out
 
 

@@ -24,6 +24,9 @@ def write_expert(split_group: zarr.Group, name: str, arrays: dict[str, np.ndarra
         raise ValueError(f"not arrays of an expert unit: {unknown}")
     if not arrays or fingerprint is None or (hints and layout.HINTS not in arrays):
         raise ValueError("write_expert needs rows, a fingerprint, and hints when hints=True")
+    if bad := sorted(k for k, v in arrays.items()
+                     if np.asarray(v).dtype.kind == "f" and not np.isfinite(v).all()):
+        raise ValueError(f"non-finite values (NaN or inf) in {bad}: the reader refuses them")
     n = len(next(iter(arrays.values())))
     parent = require_container(split_group, layout.EXPERTS)
     if name in parent:

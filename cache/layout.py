@@ -52,6 +52,13 @@ FLAGS = (DONE, HINTS_FLAG)
 _COMPLETE = {DONE: "complete", HINTS_FLAG: "hints_complete"}  # what each unit's flags finish
 # the attr holding each unit's per-chunk digests (``manifest``); items use DONE's
 _SHA256 = {DONE: "sha256", HINTS_FLAG: "hints_sha256"}
+# Bounds on what a store's metadata may claim, far above any split (the paper's is 16,000
+# rows in 250 chunks) or model: checked before anything iterates over rows, chunks or layers,
+# so an edited ``n`` or shape is damage in one line, not a check that never ends.
+MAX_ROWS = 10_000_000
+MAX_CHUNKS = 200_000
+MAX_CHUNK_VALUES = 1 << 28  # values in one chunk: 1 GiB of float32
+MAX_DIM, MAX_LAYERS = 1 << 20, 4096
 
 
 # --- the root --------------------------------------------------------------------------------
@@ -175,9 +182,14 @@ def stored_items_fingerprint(g: zarr.Group | None) -> str | None:
 
 
 def item_count(g: zarr.Group | None) -> int | None:
-    """How many items the items group ``g`` holds (None: absent or unknown)."""
+    """How many items the items group ``g`` holds (None: absent, unknown or not a count in
+    0..MAX_ROWS, which ``unit_damage`` reports)."""
     n = g.attrs.get("n") if g is not None else None
-    return int(n) if n is not None else None
+    return n if _count(n, MAX_ROWS) else None
+
+
+def _count(value: Any, most: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= most
 
 
 def items_ready(split_group: zarr.Group, fingerprint: str) -> bool | None:
@@ -306,11 +318,17 @@ def seal(g: zarr.Group, flag: str = DONE, fp: Any = None) -> None:
     g.attrs[_SHA256[flag]] = manifest.digests(g, unit_arrays(g, flag), bound)
 
 
+def has_manifest(g: zarr.Group, flag: str = DONE) -> bool:
+    """Whether the unit ``flag`` guards has recorded digests (``seal``); without them a chunk
+    swapped for another valid one cannot be told apart."""
+    return isinstance(g.attrs.get(_SHA256[flag]), list)
+
+
 def manifest_mismatches(g: zarr.Group, chunks: list[int], flag: str = DONE) -> list[int] | None:
     """Of ``chunks``, those whose rows differ from the unit's recorded digests; None when the
-    unit has none (built before they were recorded: only each file's crc can be checked)."""
+    unit has none (deleted, or built before they were recorded: only crc can be checked)."""
     recorded = g.attrs.get(_SHA256[flag])
-    if not isinstance(recorded, list):
+    if not has_manifest(g, flag):
         return None
     fp = fingerprint(g) if unit_kind(g) is not None else stored_items_fingerprint(g)
     return manifest.mismatches(g, unit_arrays(g, flag), manifest.binding(g.path, fp), recorded,
@@ -329,8 +347,12 @@ def expert_meta(g: zarr.Group) -> tuple[int | None, int | None, str | None]:
 
 def expert_ref(g: zarr.Group) -> tuple[str | None, str | None]:
     """(kind, ref) of the expert a unit was computed from, (None, None) where unrecorded."""
-    spec = (fingerprint(g) or {}).get("expert") or {}
-    return spec.get("kind"), spec.get("ref")
+    fp = fingerprint(g)
+    spec = fp.get("expert") if isinstance(fp, dict) else None
+    if not isinstance(spec, dict):  # an edited fingerprint: ``unit_damage`` names it
+        return None, None
+    kind, ref = spec.get("kind"), spec.get("ref")
+    return (kind if isinstance(kind, str) else None), (ref if isinstance(ref, str) else None)
 
 
 # --- damage ----------------------------------------------------------------------------------
@@ -350,6 +372,8 @@ def unit_damage(g: zarr.Group) -> str | None:
     finished, a member with unreadable metadata, or a required array missing."""
     if unit_kind(g) is not None and fingerprint(g) is None:
         return "unfinished (killed while being created)"
+    if attrs := attr_damage(g):
+        return attrs
     names = child_names(g)
     for name in names:
         try:
@@ -357,7 +381,40 @@ def unit_damage(g: zarr.Group) -> str | None:
         except Exception:  # noqa: BLE001
             return f"array {name} has unreadable metadata"
     missing = [n for n in required_arrays(g) if n not in names]
-    return f"missing array {', '.join(missing)}" if missing else shape_damage(g)
+    if missing:
+        return f"missing array {', '.join(missing)}"
+    return size_damage(g) or shape_damage(g)
+
+
+def attr_damage(g: zarr.Group) -> str | None:
+    """An attribute of the wrong type or beyond the bounds (an edited ``zarr.json``), which
+    every reader would otherwise trip over: ``n`` of items, a unit's fingerprint, d, n_layers."""
+    if unit_kind(g) is None:
+        if g.path.endswith(ITEMS) and not _count(g.attrs.get("n"), MAX_ROWS):
+            return f"attribute n is {g.attrs.get('n')!r}, not an item count in 0..{MAX_ROWS}"
+        return None
+    if not isinstance(fingerprint(g), dict):
+        return f"attribute fingerprint is a {type(fingerprint(g)).__name__}, not a mapping"
+    if unit_kind(g) == EXPERTS:
+        n_layers, d, _ = expert_meta(g)
+        for name, value, most in (("d", d, MAX_DIM), ("n_layers", n_layers, MAX_LAYERS)):
+            if value is not None and not _count(value, most):
+                return f"attribute {name} is {value!r}, not a size in 0..{most}"
+    return None
+
+
+def size_damage(g: zarr.Group) -> str | None:
+    """An array whose rows, chunks or chunk size exceed the store's bounds: refused before any
+    check iterates over them."""
+    for name in g.array_keys():
+        arr = g[name]
+        rows = arr.chunks[0] if arr.ndim else 0
+        if arr.ndim == 0 or rows < 1 or arr.shape[0] > MAX_ROWS:
+            return f"array {name} has shape {arr.shape}, beyond {MAX_ROWS} rows"
+        if n_chunks(arr.shape[0], rows) > MAX_CHUNKS or \
+                int(np.prod(arr.chunks, dtype=np.float64)) > MAX_CHUNK_VALUES:
+            return f"array {name} has chunks {arr.chunks}, beyond the store's bounds"
+    return None
 
 
 def expected_shapes(g: zarr.Group, n: int) -> dict[str, tuple[int, ...]]:

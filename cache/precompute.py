@@ -137,9 +137,19 @@ def run_chunks(g: zarr.Group, n: int, chunk_rows: int, dist: Dist, desc: str,
             lo, hi = chunk_range(c, n, chunk_rows)
             arrays, tokens = compute(lo, hi)
             for name, values in arrays.items():
+                refuse_non_finite(g, name, values, lo, hi)
                 g[name][lo:hi] = values
             layout.set_done(g, c, flag)
             bar.advance(hi - lo, tokens=tokens)
+
+
+def refuse_non_finite(g: zarr.Group, name: str, values: np.ndarray, lo: int, hi: int) -> None:
+    """A NaN or inf vector (a half dtype overflowing) is never stored: the reader would refuse
+    it, and a run on it trains to NaN metrics."""
+    values = np.asarray(values)
+    if values.dtype.kind == "f" and not np.isfinite(values).all():
+        raise UserError(f"{g.path}: the expert computed non-finite values (NaN or inf) in "
+                        f"{name}, rows {lo}:{hi}; precompute it in float32 (--dtype float32)")
 
 
 def prepare_group(split: zarr.Group, path: str, fingerprint: dict, cfg: PrecomputeConfig,

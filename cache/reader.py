@@ -1,11 +1,16 @@
 """What the trainer reads from a store: items, pooled vectors, router embeddings, hints.
 
-Every read refuses what it cannot trust (absent, incomplete or corrupt) with a UserError
-naming the ``musketeers precompute`` command that fixes it.
+Every read refuses what it cannot trust (absent, incomplete, corrupt, swapped for other rows,
+non-finite) with a UserError naming the ``musketeers precompute`` command that fixes it.
+Before a unit's rows are used, every chunk is hashed against the digests recorded when it was
+built (``layout.seal``): this decodes the whole unit once (its cost: BENCHMARKS.md, "Measured
+by hand"); a unit without digests is read with a warning, every time.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,7 +21,16 @@ from musketeers.cache import layout
 from musketeers.cache import store as st
 from musketeers.cache.errors import UserError
 from musketeers.cache.items import Item
-from musketeers.cache.zarrio import Damaged, child, missing_chunks, one_line
+from musketeers.cache.zarrio import (
+    Damaged,
+    child,
+    irregular_files,
+    missing_chunks,
+    n_chunks,
+    one_line,
+)
+
+log = logging.getLogger("musketeers.cache")
 
 POOLINGS = ("last", "first_token", "random_token", "first_layer", "random_layer", "mean")
 
@@ -46,6 +60,9 @@ def open_store(cache_dir: str | Path, task: str, experts: list[str] | None = Non
         where = "is empty" if path.is_dir() else "is missing"
         raise UserError(f"no feature cache for task {task!r} ({path} {where}); run: "
                         + st.precompute_command(task, names, cache_dir, hints=hints))
+    if odd := irregular_files(path):  # opening a FIFO would block for ever
+        raise UserError(f"{path / odd[0]} in store {task} is not a regular file (a FIFO, socket "
+                        f"or device); remove it, then run `{st.verify_command(task, cache_dir)}`")
     try:
         root = zarr.open_group(path, mode="r")
     except Exception as exc:  # noqa: BLE001
@@ -80,6 +97,38 @@ def _sound(g: zarr.Group, cache_dir: str | Path, task: str, experts: str | None 
     return g
 
 
+def _checked(g: zarr.Group, cache_dir: str | Path, task: str, experts: str | None = None,
+             flag: str = layout.DONE) -> zarr.Group:
+    """``g`` once every row chunk of the unit ``flag`` guards hashes to its recorded digest: a
+    chunk swapped for another valid one (train's for val's) is refused, not trained on."""
+    start = time.perf_counter()
+    first = g[layout.unit_arrays(g, flag)[0]]
+    chunks = list(range(n_chunks(first.shape[0], first.chunks[0])))
+    changed = layout.manifest_mismatches(g, chunks, flag)
+    if changed is None:
+        log.warning("%s in store %s has no checksum manifest: a chunk swapped for another valid "
+                    "one cannot be detected; rebuild it to record one: %s", g.path, task,
+                    _fix(cache_dir, task, experts, force=True))
+    elif changed:
+        raise _damaged(cache_dir, task, g.path, f"chunks {changed} differ from the digests "
+                       "recorded when it was built: swapped or edited", experts)
+    log.info("%s/%s: %d chunk digests checked in %.3f s", task, g.path, len(chunks),
+             time.perf_counter() - start)
+    return g
+
+
+def _finite(values: np.ndarray, what: str, cache_dir: str | Path, task: str,
+            experts: str | None = None) -> np.ndarray:
+    """``values`` when every one is finite: NaN or inf vectors train to NaN metrics."""
+    if values.dtype.kind == "f" and not np.isfinite(values).all():
+        rows = np.flatnonzero(~np.isfinite(values.reshape(len(values), -1)).all(axis=1))
+        raise UserError(f"{what} in store {task} holds non-finite values (NaN or inf) in "
+                        f"{len(rows)} rows (first {int(rows[0])}); recompute it (in float32 if "
+                        f"it was computed in a half dtype): "
+                        f"{_fix(cache_dir, task, experts, force=True)}")
+    return values
+
+
 def _member(get: Callable[[], zarr.Group | None], cache_dir: str | Path, task: str,
             experts: str | None = None) -> zarr.Group | None:
     """``get()``: a group of the store, None when absent; a UserError when it is unreadable."""
@@ -111,6 +160,7 @@ def _read(arr: zarr.Array, cache_dir: str | Path, task: str, what: str,
 def read_items(cache_dir: str | Path, task: str, split: str) -> list[Item]:
     g = _sound(layout.items_group(_split(open_store(cache_dir, task), cache_dir, task, split)),
                cache_dir, task)
+    _checked(g, cache_dir, task)
     n = layout.item_count(g) or 0
     if n == 0:
         raise UserError(f"store {task} holds no {split} items; rebuild it with items: "
@@ -135,7 +185,7 @@ def _expert_group(root: zarr.Group, cache_dir: str | Path, task: str, split: str
     if layout.fingerprint(g) is not None and not layout.is_complete(g):
         raise UserError(f"expert {expert!r} is incomplete in {task}/{split}; run: "
                         f"{_fix(cache_dir, task, arg)}")
-    return _sound(g, cache_dir, task, arg)
+    return _checked(_sound(g, cache_dir, task, arg), cache_dir, task, arg)
 
 
 def _expert_arg(g: zarr.Group, expert: str) -> str:
@@ -151,7 +201,9 @@ def random_layers(n: int, n_layers: int, seed: int, expert_index: int) -> np.nda
 def pool_from_group(g: zarr.Group, pooling: str, seed: int, expert_index: int,
                     task: str, expert: str, cache_dir: str | Path = "stores") -> np.ndarray:
     def get(name: str) -> np.ndarray:
-        return _read(g[name], cache_dir, task, f"{g.path}/{name}", expert).astype(np.float32)
+        what = f"{g.path}/{name}"
+        return _finite(_read(g[name], cache_dir, task, what, expert).astype(np.float32), what,
+                       cache_dir, task, expert)
 
     if pooling == "last":
         return get("last")
@@ -197,8 +249,9 @@ def read_router(cache_dir: str | Path, task: str, split: str,
     if not layout.is_complete(g):
         raise UserError(f"router embeddings ({encoder}) missing or incomplete for "
                         f"{task}/{split}; run: {_fix(cache_dir, task)}")
-    g = _sound(g, cache_dir, task)
-    return _read(g["emb"], cache_dir, task, f"{g.path}/emb").astype(np.float32)
+    g = _checked(_sound(g, cache_dir, task), cache_dir, task)
+    emb = _read(g["emb"], cache_dir, task, f"{g.path}/emb").astype(np.float32)
+    return _finite(emb, f"{g.path}/emb", cache_dir, task)
 
 
 def read_hints(cache_dir: str | Path, task: str, split: str,
@@ -215,5 +268,7 @@ def read_hints(cache_dir: str | Path, task: str, split: str,
         hints = g[layout.HINTS]
         if missing_chunks(hints):
             raise _damaged(cache_dir, task, hints.path, "lost chunks", arg, hints=True)
+        if layout.HINTS_FLAG in g:  # hints of their own unit carry their own digests
+            _checked(g, cache_dir, task, arg, layout.HINTS_FLAG)
         cols.append(_read(hints, cache_dir, task, hints.path, arg))
     return [[str(c[i]) for c in cols] for i in range(len(cols[0]) if cols else 0)]

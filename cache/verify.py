@@ -1,4 +1,5 @@
-"""Re-read every chunk of a store: report corrupt chunks (crc32c) and incomplete experts."""
+"""Re-read every chunk of a store: report corrupt chunks (crc32c), rows that differ from their
+recorded digests, non-finite vectors and incomplete experts."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from musketeers.cache.zarrio import (
     child,
     child_names,
     chunk_range,
+    irregular_files,
     missing_chunks,
     n_chunks,
     one_line,
@@ -34,18 +36,29 @@ def _chunk_rows(arr: zarr.Array) -> int:
 
 
 def bad_chunks(arr: zarr.Array) -> list[int]:
-    """Row-chunk indices of ``arr`` whose bytes fail to decode (checksum or codec error) or
-    whose file is absent (zarr would read it as zeros)."""
+    """Row-chunk indices of ``arr`` whose bytes fail to decode (checksum or codec error), whose
+    file is absent (zarr would read it as zeros) or whose floats are not finite."""
+    return sorted(chunk_faults(arr))
+
+
+def chunk_faults(arr: zarr.Array) -> dict[int, str]:
+    """{chunk: ``missing``, ``corrupt`` or ``non-finite``} of every faulty row chunk of ``arr``.
+    A NaN or inf vector is refused by the reader, so it is damage to recompute, like a lost
+    chunk (precompute refuses to write one)."""
     rows = _chunk_rows(arr)
-    bad = set(missing_chunks(arr))
+    faults = dict.fromkeys(missing_chunks(arr), "missing")
+    floats = arr.dtype.kind == "f"
     for c in range(n_chunks(arr.shape[0], rows)):
-        if c in bad:
+        if c in faults:
             continue
         try:
-            arr[c * rows : (c + 1) * rows]
+            values = arr[c * rows : (c + 1) * rows]
         except Exception:  # noqa: BLE001 - crc32c mismatch, truncated zstd frame, ...
-            bad.add(c)
-    return sorted(bad)
+            faults[c] = "corrupt"
+            continue
+        if floats and not np.isfinite(values).all():
+            faults[c] = "non-finite"
+    return faults
 
 
 def corrupt_chunks(g: zarr.Group, arrays: tuple[str, ...] | None = None,
@@ -92,19 +105,20 @@ def _verify_unit(g: zarr.Group, names: tuple[str, ...], flag: str | None,
     for name in sorted(n for n in names if n in g):
         arr = g[name]
         rows = _chunk_rows(arr)
-        missing = set(missing_chunks(arr))
-        for c in bad_chunks(arr):
+        for c, what in sorted(chunk_faults(arr).items()):
             if flags is not None and not flags[c]:
                 continue
             bad.add(c)
             lo, hi = chunk_range(c, arr.shape[0], rows)
-            what = "missing" if c in missing else "corrupt"
-            problems.append(Problem(f"{g.path}/{name}", f"{what} chunk {c}, rows {lo}:{hi}"))
+            text = (f"non-finite values (NaN or inf) in chunk {c}, rows {lo}:{hi}"
+                    if what == "non-finite" else f"{what} chunk {c}, rows {lo}:{hi}")
+            problems.append(Problem(f"{g.path}/{name}", text))
     done = [c for c in _chunks(g, names) if c not in bad and (flags is None or flags[c])]
     changed = layout.manifest_mismatches(g, done, flag or layout.DONE)
     if changed is None:
-        notes.append(Problem(g.path, "no checksum manifest (built before they were recorded): "
-                                     "a chunk swapped for another valid one is not detected"))
+        notes.append(Problem(g.path, "no checksum manifest (deleted, or built before they were "
+                                     "recorded): a chunk swapped for another valid one is not "
+                                     "detected"))
     for c in changed or []:
         problems.append(Problem(g.path, f"chunk {c} differs from the digest recorded when it "
                                         "was built (swapped or edited)"))
@@ -137,6 +151,9 @@ def inspect_store(path: Path) -> tuple[list[Problem], list[Problem]]:
     """(problems, notes) of one task store: notes say what could not be checked."""
     if path.is_dir() and not any(p.suffix != ".partial" for p in path.iterdir()):
         return [Problem(str(path), "empty store folder (killed before anything was written)")], []
+    if odd := irregular_files(path):  # reading one would block or never end: nothing is read
+        return [Problem(f"{path}/{name}", "not a regular file (a FIFO, socket or device); "
+                                          "remove it") for name in odd], []
     try:
         root = zarr.open_group(path, mode="r")
     except Exception as exc:  # noqa: BLE001

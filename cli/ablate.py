@@ -59,7 +59,8 @@ def ablate(
         help="fill the stores the grid needs, then stop (once, before sharded workers start: "
         "they would contend for the stores' writer locks)")] = False,
 ) -> None:
-    """Precompute what is missing, run every unfinished run of the grid, evaluate, report."""
+    """Precompute what is missing, run every unfinished run of the grid, evaluate, report.
+    Exits 1 when any run failed (its error.txt says why; the next invocation retries it)."""
     from musketeers.design.gridspec import load_grid
     from musketeers.grid.ledger import ledger_path
     from musketeers.grid.needs import ensure_cache
@@ -106,6 +107,7 @@ def ablate(
 
     # a report folder symlinked out of --reports-dir would take the published runs with it
     published = confine(report_dir(reports_dir, g), reports_dir, what="report folder") / "runs"
+    failed: dict[str, str] = {}
     if precompute_only:
         ensure_cache(g, g.precompute, gsm8k_dir=gsm8k_dir, ledger=ledger_path(runs_dir, g.name))
         typer.echo(f"stores ready for the {len(g.runs)} runs of grid {g.name}")
@@ -119,7 +121,7 @@ def ablate(
         ensure_cache(g, g.precompute, gsm8k_dir=gsm8k_dir, ledger=ledger)
 
         def publish(run, run_dir: Path) -> None:  # each run as it ends: the machine may not
-            publish_run(run_dir, published / run.name)
+            publish_run(run_dir, published / run.name, eval_limit=g.eval_limit)
             publish_ledger(g, runs_dir, published)
 
         result = run_grid(g, runs_dir, ledger=ledger, on_done=publish, hours=hours,
@@ -131,17 +133,29 @@ def ablate(
                       "and run again)" if result.stale else "")
                    + (f"; {len(result.left)} left for the next invocation (--hours {hours:g})"
                       if result.left else ""))
+        failed = result.failed
     if part is not None:  # the other workers' runs are not here yet
         copied = publish_runs(g, runs_dir, published)
         typer.echo(f"shard {shard}: the artefacts of {len(copied)} finished runs under "
                    f"{published}; once every worker is done: musketeers ablate "
                    f"{'--grid ' + str(grid) if grid else '--budget ' + budget} --report-only "
                    f"--runs-dir {published}")
+    else:
+        path = write_report(g, runs_dir, reports_dir, wall_time=wall_time_lines(g, runs_dir))
+        copied = publish_runs(g, runs_dir, path.parent / "runs")
+        typer.echo(f"report: {path} (with the artefacts of {len(copied)} finished runs under "
+                   f"{path.parent / 'runs'}: commit that folder to publish the result)")
+    _exit_on_failures(failed, runs_dir)
+
+
+def _exit_on_failures(failed: dict[str, str], runs_dir: Path) -> None:
+    """A grid with a failed run did not do what it was asked: exit 1, naming each failure
+    (the next invocation retries them)."""
+    if not failed:
         return
-    path = write_report(g, runs_dir, reports_dir, wall_time=wall_time_lines(g, runs_dir))
-    copied = publish_runs(g, runs_dir, path.parent / "runs")
-    typer.echo(f"report: {path} (with the artefacts of {len(copied)} finished runs under "
-               f"{path.parent / 'runs'}: commit that folder to publish the result)")
+    for name, line in failed.items():
+        typer.echo(f"FAILED {name}: {line} (see {runs_dir / name / 'error.txt'})", err=True)
+    raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

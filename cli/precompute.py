@@ -96,6 +96,9 @@ def info(task: Annotated[str | None, typer.Argument()] = None, cache_dir: CacheD
 
     console = rich_console()
     for path in _store_paths(task, cache_dir):
+        if odd := _irregular(path):
+            typer.echo(odd)
+            continue
         try:
             store = describe(path)
         except Damaged:  # empty folder, unreadable root zarr.json
@@ -118,6 +121,39 @@ def info(task: Annotated[str | None, typer.Argument()] = None, cache_dir: CacheD
                           _attr(u.dtype), ",".join(u.arrays), _state(u.rows), _state(u.hints),
                           _truncated(u.truncated))
         console.print(table)
+        if store.unsealed:
+            typer.echo(f"{path.name}: WARNING: {_unsealed(store.unsealed, path, cache_dir)}")
+
+
+def _irregular(path: Path) -> str | None:
+    """One line naming a file of the store that is not a regular file (a FIFO would block
+    every read of it), or None."""
+    from musketeers.cache.zarrio import irregular_files
+
+    odd = irregular_files(path)
+    if not odd:
+        return None
+    more = f" (and {len(odd) - 1} more)" if len(odd) > 1 else ""
+    return (f"{path.name}: {path / odd[0]}{more} is not a regular file (a FIFO, socket or "
+            "device); remove it, then check the store again")
+
+
+def _unsealed(groups: list[str], path: Path, cache_dir: Path | None) -> str:
+    """The warning for groups without recorded digests, naming the rebuild that records them."""
+    from musketeers.cache.store import (
+        precompute_command,
+        store_limit,
+        stored_experts,
+        stored_options,
+        stored_task,
+    )
+
+    experts, hints = stored_experts(path)
+    fix = precompute_command(stored_task(path), experts, cache_root(cache_dir), force=True,
+                             limit=store_limit(path), hints=hints, options=stored_options(path))
+    return (f"{len(groups)} group(s) have no checksum manifest ({', '.join(groups[:3])}"
+            f"{', ...' if len(groups) > 3 else ''}): a chunk swapped for another valid one "
+            f"cannot be detected; rebuild to record one: {fix}")
 
 
 def _attr(value) -> str:
@@ -150,32 +186,45 @@ def _truncated(truncated: tuple[int, int] | None) -> str:
     return f"{cut}/{n}" + (f" ({100 * cut / n:.0f}%)" if cut else "")
 
 
+UNVERIFIABLE = 3  # ``cache verify``'s exit status for a store it could not fully check
+
+
 @cache_app.command("verify")
 def verify(task: Annotated[str | None, typer.Argument()] = None, cache_dir: CacheDirOpt = None):
     """Re-read every chunk against its crc and the digests recorded at build time; report
-    corrupt, swapped or missing chunks, edited shapes, lost splits or experts, incomplete units."""
+    corrupt, swapped, non-finite or missing chunks, edited shapes, lost splits or experts,
+    incomplete units. Exit 0: sound; 1: problems; 3: no problem found, but groups without
+    digests could not be checked for swapped chunks (UNVERIFIABLE)."""
     from musketeers.cache.untrusted import printable
     from musketeers.cache.verify import inspect_store
 
-    bad = 0
+    bad = unverifiable = 0
     for path in _store_paths(task, cache_dir):
+        if odd := _irregular(path):  # before zarr opens anything: a FIFO blocks every read
+            typer.echo(odd)
+            bad += 1
+            continue
         problems, notes = inspect_store(path)
         for p in problems:
             typer.echo(printable(f"{path.name}: {p}"))  # names read from the store
-        if notes:  # a store from before manifests: still checked, by crc alone
-            typer.echo(f"{path.name}: note: {len(notes)} group(s) have no checksum manifest "
-                       "(built before they were recorded), so a chunk swapped for another "
-                       "valid one goes unnoticed; a rebuild with --force records one")
         if not problems and (edited := _edited_items(path, cache_dir)):
             typer.echo(printable(f"{path.name}: {edited}"))
             bad += 1
             continue
-        fix = f"; repair: {repair_command(path, problems, cache_root(cache_dir))}"
-        typer.echo(f"{path.name}: {'OK' if not problems else f'{len(problems)} problem(s)'}"
-                   + (fix if problems else ""))
+        if problems:
+            typer.echo(f"{path.name}: {len(problems)} problem(s); repair: "
+                       f"{repair_command(path, problems, cache_root(cache_dir))}")
+        elif notes:  # checked by crc alone: a swapped chunk would pass
+            typer.echo(printable(f"{path.name}: UNVERIFIABLE: "
+                                 + _unsealed([n.where for n in notes], path, cache_dir)))
+            unverifiable += 1
+        else:
+            typer.echo(f"{path.name}: OK")
         bad += len(problems)
     if bad:
         raise typer.Exit(1)
+    if unverifiable:
+        raise typer.Exit(UNVERIFIABLE)
 
 
 @cache_app.command("probe")

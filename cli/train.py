@@ -25,8 +25,9 @@ from musketeers.cli.tasks import AllowOpt
 from musketeers.config import TrainConfig, cli_fields
 
 Opt = typer.Option
-# what a resumed run may change: where its parts live, not what it is (--steps only stops
-# the invocation early: see the module docstring)
+# what a resumed run may change on the command line: where its parts live, not what it is
+# (--steps only stops the invocation early: see the module docstring); a subset of
+# runfolder.NOT_COMPUTED, which its config digest leaves out
 RESUME_MAY_CHANGE = ("device", "cache_dir", "run_dir")
 
 

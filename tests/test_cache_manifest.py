@@ -108,7 +108,9 @@ def test_the_manifest_is_bound_to_the_units_fingerprint(cache_dir: Path):
     assert any("differs from the digest" in str(p) for p in verify_store(path))
 
 
-def test_cache_verify_notes_a_store_built_before_manifests(tmp_path: Path):
+def test_cache_verify_calls_a_store_without_manifests_unverifiable(tmp_path: Path):
+    """Not "OK": a store whose digests are gone (never recorded, or deleted) cannot show that
+    no chunk was swapped; it exits 3, naming the rebuild that records them."""
     from typer.testing import CliRunner
 
     from musketeers.cli.main import app
@@ -117,5 +119,6 @@ def test_cache_verify_notes_a_store_built_before_manifests(tmp_path: Path):
     shutil.copytree(fixtures / "arithmetic.zarr", tmp_path / "arithmetic.zarr")
     out = CliRunner().invoke(app, ["cache", "verify", "arithmetic", "--cache-dir",
                                    str(tmp_path)])
-    assert out.exit_code == 0, out.output
-    assert "no checksum manifest" in out.output and "arithmetic.zarr: OK" in out.output
+    assert out.exit_code == 3, out.output
+    assert "UNVERIFIABLE" in out.output and "no checksum manifest" in out.output
+    assert "--force" in out.output and "arithmetic.zarr: OK" not in out.output

@@ -3,6 +3,7 @@ past what it cannot use."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -155,7 +156,9 @@ def test_eval_on_a_full_disk_keeps_the_earlier_files_whole(tmp_path: Path):
     assert out.stdout.strip().endswith("run again: again") and out.stdout.count("\n") == 1
     assert (run / "eval_samples.jsonl").read_bytes() == before
     assert sorted(p.name for p in run.iterdir()) == ["eval.json", "eval_samples.jsonl"]
-    assert json.loads((run / "eval.json").read_text()) == {"exact": 0.5}
+    kept = json.loads((run / "eval.json").read_text())
+    assert kept["exact"] == 0.5  # the earlier pair, whole: its samples' digest is theirs
+    assert kept["samples_sha256"] == hashlib.sha256(before).hexdigest()
 
 
 def test_eval_reads_the_newer_checkpoint_when_training_prunes_the_one_it_read(tmp_path,

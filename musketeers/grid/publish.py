@@ -22,7 +22,7 @@ from musketeers.cache.errors import UserError
 from musketeers.design.gridspec import Grid
 from musketeers.grid.ledger import ledger_path
 from musketeers.grid.portable import REWRITES
-from musketeers.grid.status import run_status
+from musketeers.grid.status import eval_sound, run_status
 from musketeers.run.runfolder import is_finished
 from musketeers.run.runlog import eval_files
 
@@ -49,19 +49,24 @@ def _check_dest(dest: Path) -> None:
                         "is kept) and run again")
 
 
-def publish_run(src: Path, dest: Path, root: Path | None = None) -> None:
+def publish_run(src: Path, dest: Path, root: Path | None = None,
+                eval_limit: int | None = None) -> None:
     """Copy one finished run's artefacts from ``src`` to ``dest`` (replaced if it exists);
-    an artefact that is a symlink, a hard link or not a regular file is left behind. Paths in
-    them are made relative to ``root`` (default: the working folder) or dropped
-    (``portable``)."""
+    an artefact that is a symlink, a hard link or not a regular file is left behind, and so is an
+    evaluation (result and samples together) not of the grid's size ``eval_limit`` or that
+    disagrees with its samples (``eval_sound``). Paths in them are made relative to ``root``
+    (default: the working folder) or dropped (``portable``)."""
     if src.is_symlink():
         return
     _check_dest(dest)
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
+    unsound = {name for context in (True, False)
+               for name in eval_files(context)
+               if not eval_sound(src, eval_files(context)[0], eval_limit)}
     for name in ARTEFACTS:
-        if not regular_file(src / name, src):
+        if not regular_file(src / name, src) or name in unsound:
             continue
         if name in REWRITES:
             text = (src / name).read_text(errors="replace")
@@ -79,7 +84,7 @@ def publish_runs(grid: Grid, runs_dir: Path, dest: Path) -> list[str]:
         src = runs_dir / run.name
         if src.resolve() == (dest / run.name).resolve() or not is_finished(src):
             continue
-        publish_run(src, dest / run.name)
+        publish_run(src, dest / run.name, eval_limit=grid.eval_limit)
         copied.append(run.name)
     publish_ledger(grid, runs_dir, dest)
     return copied
@@ -137,9 +142,9 @@ def adopt_published(grid: Grid, runs_dir: Path, published: Path) -> list[str]:
     adopted = []
     for run in grid.runs:
         src, dst = published / run.name, runs_dir / run.name
-        if dst.exists() or run_status(src, run.eval_no_context) != "done":
+        if dst.exists() or run_status(src, run.eval_no_context, grid.eval_limit) != "done":
             continue
-        publish_run(src, dst)
+        publish_run(src, dst, eval_limit=grid.eval_limit)
         adopted.append(run.name)
     theirs, ours = ledger_path(published, grid.name), ledger_path(runs_dir, grid.name)
     if regular_file(theirs, published):  # a symlink would read a file from anywhere

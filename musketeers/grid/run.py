@@ -130,7 +130,7 @@ def run_grid(
                 kept = set_aside(runs_dir, run.name, changed, ledger)
                 if on_stale:
                     on_stale(run.name, kept)
-        status = run_status(runs_dir / run.name, run.eval_no_context)
+        status = run_status(runs_dir / run.name, run.eval_no_context, grid.eval_limit)
         if status == "done":
             result.skipped.append(run.name)
         else:
@@ -162,7 +162,8 @@ def run_grid(
             for context in (True, False) if run.eval_no_context else (True,):
                 out = eval_files(context)[0]
                 # an evaluation run mid-training graded an earlier checkpoint: redo it
-                if not of_final_checkpoint(run_dir, out):
+                # or at another size (an `eval --limit` by hand), or torn from its samples
+                if not of_final_checkpoint(run_dir, out, grid.eval_limit):
                     with timed(ledger, "eval", f"{run.name}/{out}"):
                         result_ = eval_fn(run_dir, grid.eval_limit, context)
                     _write_eval(run_dir, out, result_)

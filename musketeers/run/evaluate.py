@@ -19,6 +19,7 @@ completion and writes the files: the same batches, so the same completions as on
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -62,6 +63,7 @@ def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = Fals
 def _check_before(cfg, run_dir: Path, again: str, unverified: bool) -> None:
     """What is refused before any model loads."""
     _intact_last(run_dir, unverified)
+    runfolder.check_config(cfg, run_dir)  # a config.yaml edited since training is not its run
     runfolder.check_store(cfg, run_dir)  # as --resume does: never score on a replaced store
     # a folder it cannot write is refused now, not after the whole evaluation has run
     runfolder.check_writable(run_dir, again)
@@ -116,6 +118,7 @@ def _evaluate(cfg, run_dir: Path, world: World, again: str, *, limit: int | None
         "extraction": cfg.extraction,
         "checkpoint": last.name,
         "dtype": dtype_name(policy.dtype),  # as resolved on the machine that evaluated
+        "limit": limit or cfg.eval_limit,  # the size asked: a grid publishes only its own
     }
     write_eval(run_dir, result, samples, no_context, again)
     return world.broadcast(result)
@@ -124,11 +127,15 @@ def _evaluate(cfg, run_dir: Path, world: World, again: str, *, limit: int | None
 def write_eval(run_dir: Path, result: dict[str, Any], samples: list[dict[str, Any]],
                no_context: bool, again: str) -> None:
     """Samples, then the result, each to a temporary file renamed into place: a full disk
-    leaves the earlier evaluation's files whole, never an empty or torn one."""
+    leaves the earlier evaluation's files whole, never an empty or torn one. The result
+    records the samples' sha256 (``samples_sha256``) and is written last, so it commits the
+    pair: a kill between the two leaves a result that disagrees with its samples, which the
+    grid re-evaluates and never publishes (``grid.status.eval_sound``)."""
     result_file, samples_file = eval_files(context=not no_context)
+    lines = "".join(json.dumps(s) + "\n" for s in samples)
+    result["samples_sha256"] = hashlib.sha256(lines.encode()).hexdigest()
     with runfolder.write_errors(run_dir, again):
-        for name, text in ((samples_file, "".join(json.dumps(s) + "\n" for s in samples)),
-                           (result_file, json.dumps(result, indent=2))):
+        for name, text in ((samples_file, lines), (result_file, json.dumps(result, indent=2))):
             tmp = run_dir / f"{name}.tmp"
             try:
                 tmp.write_text(text)

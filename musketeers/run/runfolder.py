@@ -4,7 +4,10 @@
 store's lock helper, so a killed run never leaves a stale lock) for the whole run. A fresh run
 records the fingerprints of what it reads (the train split's items, each expert's and, for
 hard routing, the router's) in ``fingerprints.json``; ``--resume`` compares them with the store
-it is given and refuses another, so ``--cache-dir`` may move a store but never swap it.
+it is given and refuses another, so ``--cache-dir`` may move a store but never swap it. It also
+records the sha256 of its resolved config (``config_digest.json``, what is computed:
+NOT_COMPUTED aside); ``--resume`` and ``eval`` refuse a ``config.yaml`` edited since, whose lr
+or steps would disagree with ``metrics.jsonl``.
 
 The start / resume decision, made before any model loads:
 
@@ -17,6 +20,7 @@ The start / resume decision, made before any model loads:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -41,6 +45,11 @@ from musketeers.run.runlog import truncate_metrics
 log = logging.getLogger("musketeers.train")
 
 FINGERPRINTS = "fingerprints.json"
+CONFIG_DIGEST = "config_digest.json"
+# TrainConfig fields that say where files live and how the hardware ran a run, not what it
+# computed: a resumed run may change them, and a grid run that differs only in them is its own
+NOT_COMPUTED = ("run_dir", "cache_dir", "device", "threads", "decode_prompts", "decode_graphs",
+                "prepack_decode")
 SPLIT = "train"  # what training reads; eval's val split is checked by its own reader
 
 
@@ -190,6 +199,8 @@ def prepare(cfg: TrainConfig, run: Path, resume: bool) -> dict[str, Any]:
         if steps != cfg.steps:  # the LR schedule and the summary are sized by it
             raise UserError(f"--resume keeps the run's {steps} steps (asked {cfg.steps}); "
                             "keep its steps, or start a new --run-dir for another length")
+    if not check_config(cfg, run):  # a run from before config digests were recorded
+        log.warning("%s has no %s; recording the config it resumes with", run, CONFIG_DIGEST)
     if not check_store(cfg, run, now):  # a run from before fingerprints were recorded
         log.warning("%s has no %s; recording the store it resumes on", run, FINGERPRINTS)
     return now
@@ -220,6 +231,39 @@ def check_store(cfg: TrainConfig, run: Path, now: dict[str, Any] | None = None) 
     return True
 
 
+def config_digest(cfg: TrainConfig, keys: list[str] | None = None) -> dict[str, Any]:
+    """{fields, sha256} of what the config computes: NOT_COMPUTED and the fields its method
+    ignores left out, so moving a store or changing threads never reads as another run.
+    ``keys``: the fields a run recorded, so a field added to TrainConfig since (read back as
+    its default) does not read as an edit."""
+    # team_file is a path too: the team it names is checked by fingerprints.json's experts
+    skip = {*NOT_COMPUTED, "team_file", *methods.ignored(cfg.method)}
+    values = cfg.to_dict()
+    keys = sorted(k for k in values if k not in skip) if keys is None else keys
+    text = json.dumps({k: values.get(k, "<absent>") for k in keys}, sort_keys=True, default=str)
+    return {"fields": keys, "sha256": hashlib.sha256(text.encode()).hexdigest()}
+
+
+def check_config(cfg: TrainConfig, run: Path) -> bool:
+    """Refuse a config that is not the one ``run`` started with (a hand-edited config.yaml);
+    False when the run recorded no digest (a run from before they were)."""
+    path = run / CONFIG_DIGEST
+    if not path.is_file():
+        return False
+    try:
+        saved = json.loads(path.read_text("utf-8"))
+        if not isinstance(saved, dict) or not isinstance(saved.get("fields"), list):
+            raise ValueError("not a config digest")
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path} is unreadable ({exc}); restore the run folder from its "
+                        "published copy, or start a new --run-dir") from None
+    if saved.get("sha256") != config_digest(cfg, [str(k) for k in saved["fields"]])["sha256"]:
+        raise UserError(f"{run / 'config.yaml'} differs from the config the run started with "
+                        f"({CONFIG_DIGEST}); restore config.yaml as it was, or start a new "
+                        "--run-dir for other settings")
+    return True
+
+
 def restore(run: Path, resume: bool, model, adapter, optimizer, scheduler, generator,
             unverified: bool = False) -> int:
     """The step the loop starts at: the newest intact checkpoint's, or 0 (said plainly when a
@@ -240,12 +284,16 @@ def restore(run: Path, resume: bool, model, adapter, optimizer, scheduler, gener
 
 
 def begin(cfg: TrainConfig, run: Path, fingerprints: dict[str, Any]) -> None:
-    """Create the folder and write config.yaml and fingerprints.json (each atomically)."""
+    """Create the folder and write config.yaml, its digest and fingerprints.json (each
+    atomically); a resumed run's digest was checked in ``prepare`` and is the same."""
     with disk_errors(run):
         run.mkdir(parents=True, exist_ok=True)
         tmp = run / "config.yaml.tmp"
         save_config(cfg, tmp)
         os.replace(tmp, run / "config.yaml")
+        tmp = run / f"{CONFIG_DIGEST}.tmp"  # after config.yaml: a kill between is a warning
+        tmp.write_text(json.dumps(config_digest(cfg), indent=1) + "\n")
+        os.replace(tmp, run / CONFIG_DIGEST)
         tmp = run / f"{FINGERPRINTS}.tmp"
         tmp.write_text(json.dumps(fingerprints, indent=1, sort_keys=True))
         os.replace(tmp, run / FINGERPRINTS)
