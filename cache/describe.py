@@ -15,6 +15,7 @@ from typing import Any
 import zarr
 
 from musketeers.cache import layout
+from musketeers.cache.damage import unit_damage
 from musketeers.cache.zarrio import Damaged, child, child_names
 
 
@@ -102,7 +103,7 @@ def _units(sg: zarr.Group, split: str, kind: str, unsealed: list[str]) -> list[U
     for name in child_names(container):
         try:
             g = child(container, name)
-            damage = layout.unit_damage(g)
+            damage = unit_damage(g)
         except Damaged:
             g, damage = None, "unreadable metadata"
         out.append(UnitInfo(split, kind, name, damage=damage) if damage else _unit(g, split, kind))

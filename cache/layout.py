@@ -28,7 +28,6 @@ from musketeers.cache.items import Item
 from musketeers.cache.zarrio import (
     Damaged,
     child,
-    child_names,
     create_array,
     dense_writes,
     n_chunks,
@@ -183,12 +182,12 @@ def stored_items_fingerprint(g: zarr.Group | None) -> str | None:
 
 def item_count(g: zarr.Group | None) -> int | None:
     """How many items the items group ``g`` holds (None: absent, unknown or not a count in
-    0..MAX_ROWS, which ``unit_damage`` reports)."""
+    0..MAX_ROWS, which ``damage.unit_damage`` reports)."""
     n = g.attrs.get("n") if g is not None else None
-    return n if _count(n, MAX_ROWS) else None
+    return n if is_count(n, MAX_ROWS) else None
 
 
-def _count(value: Any, most: int) -> bool:
+def is_count(value: Any, most: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= most
 
 
@@ -353,105 +352,3 @@ def expert_ref(g: zarr.Group) -> tuple[str | None, str | None]:
         return None, None
     kind, ref = spec.get("kind"), spec.get("ref")
     return (kind if isinstance(kind, str) else None), (ref if isinstance(ref, str) else None)
-
-
-# --- damage ----------------------------------------------------------------------------------
-
-def required_arrays(g: zarr.Group) -> tuple[str, ...]:
-    """The arrays a group of this kind cannot be read without (its place in the layout)."""
-    kind = unit_kind(g)
-    if kind == EXPERTS:
-        return EXPERT_ARRAYS + (DONE,)
-    if kind == ROUTER:
-        return ROUTER_ARRAYS + (DONE,)
-    return ITEM_FIELDS if g.path.endswith(ITEMS) else ()
-
-
-def unit_damage(g: zarr.Group) -> str | None:
-    """Why a group's structure cannot be trusted (one phrase), or None: created but never
-    finished, a member with unreadable metadata, or a required array missing."""
-    if unit_kind(g) is not None and fingerprint(g) is None:
-        return "unfinished (killed while being created)"
-    if attrs := attr_damage(g):
-        return attrs
-    names = child_names(g)
-    for name in names:
-        try:
-            g[name]
-        except Exception:  # noqa: BLE001
-            return f"array {name} has unreadable metadata"
-    missing = [n for n in required_arrays(g) if n not in names]
-    if missing:
-        return f"missing array {', '.join(missing)}"
-    return size_damage(g) or shape_damage(g)
-
-
-def attr_damage(g: zarr.Group) -> str | None:
-    """An attribute of the wrong type or beyond the bounds (an edited ``zarr.json``), which
-    every reader would otherwise trip over: ``n`` of items, a unit's fingerprint, d, n_layers."""
-    if unit_kind(g) is None:
-        if g.path.endswith(ITEMS) and not _count(g.attrs.get("n"), MAX_ROWS):
-            return f"attribute n is {g.attrs.get('n')!r}, not an item count in 0..{MAX_ROWS}"
-        return None
-    if not isinstance(fingerprint(g), dict):
-        return f"attribute fingerprint is a {type(fingerprint(g)).__name__}, not a mapping"
-    if unit_kind(g) == EXPERTS:
-        n_layers, d, _ = expert_meta(g)
-        for name, value, most in (("d", d, MAX_DIM), ("n_layers", n_layers, MAX_LAYERS)):
-            if value is not None and not _count(value, most):
-                return f"attribute {name} is {value!r}, not a size in 0..{most}"
-    return None
-
-
-def size_damage(g: zarr.Group) -> str | None:
-    """An array whose rows, chunks or chunk size exceed the store's bounds: refused before any
-    check iterates over them."""
-    for name in g.array_keys():
-        arr = g[name]
-        rows = arr.chunks[0] if arr.ndim else 0
-        if arr.ndim == 0 or rows < 1 or arr.shape[0] > MAX_ROWS:
-            return f"array {name} has shape {arr.shape}, beyond {MAX_ROWS} rows"
-        if n_chunks(arr.shape[0], rows) > MAX_CHUNKS or \
-                int(np.prod(arr.chunks, dtype=np.float64)) > MAX_CHUNK_VALUES:
-            return f"array {name} has chunks {arr.chunks}, beyond the store's bounds"
-    return None
-
-
-def expected_shapes(g: zarr.Group, n: int) -> dict[str, tuple[int, ...]]:
-    """The shape each array of ``g`` must have for a split of ``n`` items (trailing sizes from
-    the unit's own ``d`` / ``n_layers`` where recorded)."""
-    n_layers, d, _ = expert_meta(g) if unit_kind(g) == EXPERTS else (None, None, None)
-    arrays = {name: g[name] for name in g.array_keys()}
-    rows = next((a.chunks[0] for k, a in arrays.items() if k not in FLAGS), CHUNK_ROWS)
-    want: dict[str, tuple[int, ...]] = {}
-    for name, arr in arrays.items():
-        if name in FLAGS:
-            want[name] = (n_chunks(n, rows),)
-        elif name in ("last", "first", "random") and d is not None:
-            want[name] = (n, d)
-        elif name in ("layers_last", "layers_mean") and None not in (d, n_layers):
-            want[name] = (n, n_layers + 1, d)
-        else:
-            want[name] = (n, *arr.shape[1:])
-    return want
-
-
-def shape_damage(g: zarr.Group) -> str | None:
-    """An array whose shape disagrees with its split's item count or the unit's d / n_layers
-    (an edited ``zarr.json``): its rows would be read against the wrong items."""
-    n = item_count(g) if g.basename == ITEMS else _split_items(g)
-    if n is None:
-        return None
-    for name, want in expected_shapes(g, n).items():
-        if g[name].shape != want:
-            return f"array {name} has shape {g[name].shape}, expected {want} for {n} items"
-    return None
-
-
-def _split_items(g: zarr.Group) -> int | None:
-    """The item count of the split a unit lies in; None when it cannot be read."""
-    try:
-        return item_count(zarr.open_group(g.store, path=f"{g.path.split('/')[0]}/{ITEMS}",
-                                          mode="r"))
-    except Exception:  # noqa: BLE001 - absent or damaged items are reported on their own
-        return None

@@ -27,6 +27,7 @@ import zarr
 from musketeers.cache import layout
 from musketeers.cache import store as st
 from musketeers.cache.backbone import Backbone, forward_pool, length_batches, pad, want_compile
+from musketeers.cache.damage import unit_damage
 from musketeers.cache.devices import dtype_name
 from musketeers.cache.devices import resolve_device as resolve_device  # re-exported
 from musketeers.cache.devices import resolve_dtype as resolve_dtype  # re-exported
@@ -162,7 +163,7 @@ def prepare_group(split: zarr.Group, path: str, fingerprint: dict, cfg: Precompu
         g = child(parent, name)
         # No fingerprint (killed while creating it), a lost or unreadable array: the group's
         # rows cannot be trusted, and recomputing it costs what resuming every chunk would.
-        damage = None if g is None or cfg.force else layout.unit_damage(g)
+        damage = None if g is None or cfg.force else unit_damage(g)
     except Damaged:
         g, damage = True, "unreadable metadata"
     if g is not None and (cfg.force or damage):
@@ -219,7 +220,7 @@ def write_split_items(root: zarr.Group, split: str, items: list[Item], task: str
         sg = require_container(root, split)
         try:
             g = layout.items_group(sg)
-            damaged = g is not None and layout.unit_damage(g) is not None
+            damaged = g is not None and unit_damage(g) is not None
         except Damaged:
             g, damaged = None, True
         if damaged:

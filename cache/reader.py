@@ -19,6 +19,7 @@ import zarr
 
 from musketeers.cache import layout
 from musketeers.cache import store as st
+from musketeers.cache.damage import required_arrays, unit_damage
 from musketeers.cache.errors import UserError
 from musketeers.cache.items import Item
 from musketeers.cache.zarrio import (
@@ -85,9 +86,9 @@ def _sound(g: zarr.Group, cache_dir: str | Path, task: str, experts: str | None 
            chunks: bool = True) -> zarr.Group:
     """``g`` if its structure is whole and (``chunks``) every chunk file of its arrays exists:
     a cheap listing, not a decode (decode errors surface in ``_read``)."""
-    damage = layout.unit_damage(g)
+    damage = unit_damage(g)
     if damage is None and chunks:
-        for name in layout.required_arrays(g):
+        for name in required_arrays(g):
             gone = missing_chunks(g[name])
             if gone and name not in layout.FLAGS:
                 damage = f"array {name} lost chunk {gone[0]}"

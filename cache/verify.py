@@ -10,6 +10,7 @@ import numpy as np
 import zarr
 
 from musketeers.cache import layout
+from musketeers.cache.damage import unit_damage
 from musketeers.cache.zarrio import (
     Damaged,
     child,
@@ -86,7 +87,7 @@ def verify_group(g: zarr.Group, progress_tracked: bool,
                  notes: list[Problem] | None = None) -> list[Problem]:
     """The problems of one group; ``notes`` collects what is only worth saying (no manifest)."""
     notes = [] if notes is None else notes
-    damage = layout.unit_damage(g)
+    damage = unit_damage(g)
     if damage:
         return [Problem(g.path, damage)]
     if not progress_tracked:
@@ -171,7 +172,7 @@ def inspect_store(path: Path) -> tuple[list[Problem], list[Problem]]:
         for g in _members(sg, problems):
             if g.basename == layout.ITEMS:
                 problems += verify_group(g, progress_tracked=False, notes=notes)
-                if not layout.unit_damage(g) and layout.stored_items_fingerprint(g) is None:
+                if not unit_damage(g) and layout.stored_items_fingerprint(g) is None:
                     problems.append(Problem(g.path, "items were never finished"))
             elif g.basename in (layout.EXPERTS, layout.ROUTER):
                 units[sg.basename] |= {f"{g.basename}/{n}" for n in child_names(g)}
