@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from musketeers.cache.errors import UserError
+from musketeers.cli.tasks import AllowOpt
 
 log = logging.getLogger("musketeers.ablate")
 
@@ -58,6 +59,7 @@ def ablate(
     precompute_only: Annotated[bool, typer.Option(
         help="fill the stores the grid needs, then stop (once, before sharded workers start: "
         "they would contend for the stores' writer locks)")] = False,
+    allow_unadmitted_reward: AllowOpt = False,
 ) -> None:
     """Precompute what is missing, run every unfinished run of the grid, evaluate, report.
     Exits 1 when any run failed (its error.txt says why; the next invocation retries it)."""
@@ -108,6 +110,11 @@ def ablate(
     # a report folder symlinked out of --reports-dir would take the published runs with it
     published = confine(report_dir(reports_dir, g), reports_dir, what="report folder") / "runs"
     failed: dict[str, str] = {}
+    if not report_only:  # a reward that fails admission is refused before any store or run
+        from musketeers.tasks.admission import admit
+
+        for task in dict.fromkeys(str(run.fields.get("task")) for run in g.runs):
+            admit(task, allow_unadmitted_reward)
     if precompute_only:
         ensure_cache(g, g.precompute, gsm8k_dir=gsm8k_dir, ledger=ledger_path(runs_dir, g.name))
         typer.echo(f"stores ready for the {len(g.runs)} runs of grid {g.name}")

@@ -153,6 +153,26 @@ def test_tasks_show_and_train_refuse_in_one_line(tmp_path: Path):
     assert OVERRIDE in refused(precomputed) and not list(tmp_path.glob("*.zarr"))
 
 
+def test_a_grid_with_an_unadmitted_reward_is_refused_before_any_store_or_run(tmp_path: Path):
+    """``ablate`` admits every task of its grid first, as ``train`` and ``precompute`` do."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from musketeers.cli.main import app
+
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump({
+        "name": "forged", "seeds": [0],
+        "defaults": {"budget": "smoke", "roster": "tiny", "policy": "tiny"},
+        "runs": [{"task": f"rg:{FORGEABLE}@direct", "method": "single"}]}))
+    args = ["ablate", "--grid", str(grid), "--runs-dir", str(tmp_path / "runs"),
+            "--reports-dir", str(tmp_path / "reports"), "--cache-dir", str(tmp_path / "stores")]
+    result = CliRunner().invoke(app, args)
+    assert isinstance(result.exception, UserError), result.output
+    assert OVERRIDE in str(result.exception) and FORGEABLE in str(result.exception)
+    assert not (tmp_path / "stores").exists() and not list((tmp_path / "runs").glob("*/"))
+
+
 def test_absurd_sizes_in_a_task_file_are_refused_before_any_item_is_made(tmp_path: Path):
     task = tmp_path / "huge.yaml"
     task.write_text("datasets:\n  - {name: rotate_matrix, config: {max_n: 1000000000}}\n")
