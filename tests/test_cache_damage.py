@@ -211,6 +211,11 @@ def test_the_repair_command_works_when_pasted(pristine, tmp_path, monkeypatch, c
                         [s for s in TINY_EXPERTS if s.name in kw["experts"]], cfg)
 
     monkeypatch.setattr(features, "precompute_features", same_items)
+    from musketeers.tasks import admission
+
+    # "toy" is no task of the registry: nothing to expand, no scorer to admit
+    monkeypatch.setattr(features, "expand_tasks", lambda task: [task])
+    monkeypatch.setattr(admission, "admit", lambda task, allow=False: [])
     code, out = run_cli(monkeypatch, capsys, *args[1:])
     assert code in (0, None), out
     assert verify_store(path) == []
