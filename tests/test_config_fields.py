@@ -95,11 +95,12 @@ def _train_params() -> dict[str, Any]:
 
 
 def test_the_cli_options_are_the_declared_set():
-    """Exactly the fields config.py marks ``cli`` (plus --config, --resume and
-    --resume-unverified), named after them; the rest stay YAML-only."""
+    """Exactly the fields config.py marks ``cli`` (plus --config, --resume,
+    --resume-unverified and --allow-unadmitted-reward), named after them; the rest stay
+    YAML-only."""
     params = _train_params()
-    assert set(params) == {f.name for f in cli_fields()} | {"config", "resume",
-                                                             "resume_unverified"}
+    assert set(params) == {f.name for f in cli_fields()} | {
+        "config", "resume", "resume_unverified", "allow_unadmitted_reward"}
     for f in cli_fields():
         assert "--" + f.name.replace("_", "-") in params[f.name].opts
     assert params["dynamic_sampling"].secondary_opts == ["--no-dynamic-sampling"]
