@@ -412,3 +412,23 @@ def test_the_gpu_step_benchmark_trains_a_random_policy_of_the_shape_it_names(
         assert len(r["step_s"]) == 1 and r["completion_len"] == [16.0]  # full length
         (phases, work), = r["profile"]
         assert work["forward_passes"] == 1 and phases["backward"] > 0  # no skipped update
+
+
+def test_a_ratio_is_printed_only_when_both_sides_are_steady():
+    ratio, why = rp.steady_ratio([30.0, 31.0, 29.0], [10.0, 10.5, 9.6])
+    assert ratio == pytest.approx(3.0) and "±" in why
+    # one side's repetitions 2.5x apart (a busy machine): no ratio, and the text says so
+    ratio, why = rp.steady_ratio([30.0, 31.0], [30.0, 75.0])
+    assert ratio is None and "too noisy" in why
+    assert rp.steady_ratio([], [1.0])[0] is None
+
+
+def test_alternating_rounds_keep_every_step_and_the_round_it_came_from():
+    from musketeers.bench.trl_bench import merged
+
+    rounds = [{"step_s": [1.0, 2.0], "peak_rss_mib": 5.0, "completion_len": [3]},
+              {"step_s": [3.0], "peak_rss_mib": 7.0, "completion_len": [4]}]
+    m = merged(rounds)
+    assert m["step_s"] == [1.0, 2.0, 3.0] and m["round"] == [0, 0, 1]
+    assert m["peak_rss_mib"] == 7.0
+    assert merged([rounds[0], {"error": "no trl"}]) == {"error": "no trl"}

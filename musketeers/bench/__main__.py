@@ -180,18 +180,26 @@ def section_trl(rep: rp.Report, args, ctx: dict) -> None:
     if any("error" in r for r in res.values()):
         return
     ctx["single_steps"] = res["single"]
-    before, after = median(res["single"]["step_s"]), median(res["single_after"]["step_s"])
-    ours, trl = (before + after) / 2, median(res["trl"]["step_s"])
-    rep.row("trl", "s/step single (before, after TRL) | TRL GRPOTrainer",
-            f"{ours:.1f} ({before:.1f}, {after:.1f}) | {trl:.1f}")
+    ours, trl = median(res["single"]["step_s"]), median(res["trl"]["step_s"])
+    rep.row("trl", "s/step single | TRL GRPOTrainer (interleaved rounds)",
+            f"{ours:.1f} | {trl:.1f}")
     rep.row("trl", "peak RSS single | TRL", f"{res['single']['peak_rss_mib']:.0f} | "
             f"{res['trl']['peak_rss_mib']:.0f} MiB")
     rep.row("trl", "completion lengths single | TRL",
             f"{res['single']['completion_len']} | {res['trl']['completion_len']}")
-    rep.check("trl", "steps/s single ÷ TRL (equal work)", trl / ours, 3.0, "{:.2f}×")
-    stock = median(res["single_stock"]["step_s"])
-    rep.row("trl", "s/step single, stock decode | prepacked (after TRL)",
-            f"{stock:.1f} | {after:.1f}: {stock / after:.2f}× from the prepacked weights")
+    ratio, why = rp.steady_ratio(res["trl"]["step_s"], res["single"]["step_s"])
+    if ratio is None:
+        rep.skip("trl", "steps/s single ÷ TRL (equal work)", why)
+    else:
+        rep.check("trl", "steps/s single ÷ TRL (equal work)", ratio, 3.5, "{:.2f}×")
+        rep.row("trl", "repetitions single | TRL", why)
+    rep.check("trl", "peak RSS single (pocket step)", res["single"]["peak_rss_mib"] / 1024, 6.0,
+              "{:.1f} GiB", higher_is_better=False)
+    stock, last = median(res["single_stock"]["step_s"]), median(
+        [t for t, k in zip(res["single"]["step_s"], res["single"]["round"], strict=True)
+         if k == max(res["single"]["round"])])
+    rep.row("trl", "s/step single, stock decode | prepacked (last round)",
+            f"{stock:.1f} | {last:.1f}: {stock / last:.2f}× from the prepacked weights")
 
 
 def section_roofline(rep: rp.Report, args, ctx: dict) -> None:
@@ -230,7 +238,7 @@ def section_roofline(rep: rp.Report, args, ctx: dict) -> None:
             continue
         rep.row("roofline", f"{phase}: measured | ideal ({s['bound']})",
                 f"{s['measured_s']:.2f} | {s['ideal_s']:.2f} s/step")
-        rep.check("roofline", f"{phase}: share of its roofline", s["share"], 0.5, "{:.1%}")
+        rep.check("roofline", f"{phase}: share of its roofline", s["share"], 0.6, "{:.1%}")
 
 
 def section_sharing(rep: rp.Report, args, ctx: dict) -> None:

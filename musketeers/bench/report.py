@@ -18,6 +18,9 @@ from typing import Any
 from musketeers.bench.machine import median
 
 ATTEMPTS_MARK = "## Measured by hand"
+# A ratio of two timed sides is printed only when every repetition of each side lies within
+# this fraction of its side's median: past it, load on the machine moved the figure.
+STEADY = 0.25
 KEPT = "- kept from an earlier run on this machine, "
 
 
@@ -72,6 +75,23 @@ class Report:
 
     def skip(self, section: str, metric: str, why: str) -> None:
         self.row(section, metric, "—", "", f"SKIP: {why}")
+
+
+def spread(reps: list[float]) -> float:
+    """The largest distance of a repetition from the median, as a fraction of the median."""
+    m = median(reps)
+    return max(abs(r - m) for r in reps) / m if reps and m > 0 else math.nan
+
+
+def steady_ratio(num: list[float], den: list[float], steady: float = STEADY
+                 ) -> tuple[float | None, str]:
+    """median(num) / median(den), or None when either side's repetitions spread past
+    ``steady`` of their median; the text says each side's spread either way."""
+    sa, sb = spread(num), spread(den)
+    why = f"spread ±{sa:.0%} | ±{sb:.0%} of the medians (limit ±{steady:.0%})"
+    if not (sa <= steady and sb <= steady):  # NaN (no or zero-time repetitions) is unsteady
+        return None, f"the machine was too noisy: {why}"
+    return median(num) / median(den), why
 
 
 def si(x: float, unit: str = "") -> str:

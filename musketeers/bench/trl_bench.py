@@ -166,22 +166,38 @@ def write_items_store(cache_dir: Path, task: str, limit: int) -> None:
                     PrecomputeConfig(router=False))
 
 
-def bench_trl(cache_dir: Path, run_root: Path, regime_name: str, reps: int, warmup: int
-              ) -> dict[str, dict[str, Any]]:
+def merged(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One side's children, run in alternating rounds, as one result: every round's step
+    times in order, the round each came from, and the largest peak RSS."""
+    if bad := next((r for r in rounds if "error" in r), None):
+        return bad
+    out = dict(rounds[-1])
+    out["step_s"] = [t for r in rounds for t in r["step_s"]]
+    out["round"] = [k for k, r in enumerate(rounds) for _ in r["step_s"]]
+    out["peak_rss_mib"] = max(r["peak_rss_mib"] for r in rounds)
+    return out
+
+
+def bench_trl(cache_dir: Path, run_root: Path, regime_name: str, reps: int, warmup: int,
+              rounds: int = 2) -> dict[str, dict[str, Any]]:
+    """``single`` and TRL in ``rounds`` alternating rounds (single, TRL, single, TRL, …) of
+    ``reps`` steps each, so load that comes and goes on the machine falls on both sides;
+    then single with the stock decode, against single's prepacked weights."""
     from musketeers.bench.machine import run_child
 
     r = regime(regime_name)
     write_items_store(cache_dir, r["task"], 64)
     base = {"cache_dir": str(cache_dir), "regime": r, "policy": r["policy"], "device": "cpu",
             "reps": reps, "warmup": warmup}
-    # single, TRL, single again: the ratio takes the mean of the two ``single`` medians, so a
-    # machine whose speed drifts steadily during the TRL run biases neither side
-    out = {"single": run_child("single", {**base, "run_dir": str(run_root / "single")})}
     why = ensure_trl()
-    out["trl"] = {"error": why} if why else run_child("trl", {**base,
-                                                               "run_dir": str(run_root / "trl")})
-    out["single_after"] = run_child("single", {**base, "run_dir": str(run_root / "single_after")})
-    # the CPU decode's prepacked weights against the stock ``F.linear``, next to single_after
+    sides: dict[str, list[dict[str, Any]]] = {"single": [], "trl": []}
+    for k in range(rounds):
+        sides["single"].append(run_child("single",
+                                         {**base, "run_dir": str(run_root / f"single{k}")}))
+        sides["trl"].append({"error": why} if why else run_child(
+            "trl", {**base, "run_dir": str(run_root / f"trl{k}")}))
+    out = {side: merged(rs) for side, rs in sides.items()}
+    # the CPU decode's prepacked weights against the stock ``F.linear``, next to the last round
     out["single_stock"] = run_child("single", {**base, "set": {"prepack_decode": False},
                                                "run_dir": str(run_root / "single_stock")})
     return out
