@@ -22,6 +22,7 @@ from musketeers.reports.stats import (
     MOST_SEEDS,
     PLANNED_MDE,
     SeedTest,
+    crossed_items,
     holm,
     items_floor,
     paired_seed_test,
@@ -118,21 +119,22 @@ def same_dtype(pairs: list[tuple[Run, Run]]) -> tuple[list[tuple[Run, Run]], set
     return kept, refused
 
 
-def item_se(pairs: list[tuple[Run, Run]], metric: str = "exact") -> tuple[float | None, int]:
-    """(SE in points, items) of the seed-averaged difference from the items alone, clustered
-    by item: each item's difference averaged over the seeds, then the SE of their mean."""
+def item_se(pairs: list[tuple[Run, Run]], metric: str = "exact"
+            ) -> tuple[float | None, int, float | None]:
+    """(SE in points, items, df) of the items' variance component of the seeds × items mean
+    difference (``stats.crossed_items``), over the items graded in every pair."""
     files = [(a.path / eval_files()[1], b.path / eval_files()[1]) for a, b in pairs]
     if not all(fa.is_file() and fb.is_file() for fa, fb in files):
-        return None, 0
-    per_item: dict[str, list[float]] = {}
+        return None, 0, None
+    per_pair = []
     for fa, fb in files:
         a, b = by_item(fa, metric), by_item(fb, metric)
-        for i in set(a) & set(b):
-            per_item.setdefault(i, []).append(a[i] - b[i])
-    d = np.array([np.mean(v) for v in per_item.values() if len(v) == len(files)])
-    if len(d) < 2:
-        return None, 0
-    return float(100.0 * d.std(ddof=1) / np.sqrt(len(d))), len(d)
+        per_pair.append({i: a[i] - b[i] for i in set(a) & set(b)})
+    shared = sorted(set.intersection(*(set(p) for p in per_pair)))
+    if len(shared) < 2:
+        return None, 0, None
+    var, df = crossed_items(100.0 * np.array([[p[i] for i in shared] for p in per_pair]))
+    return float(np.sqrt(var)), len(shared), df
 
 
 def verdict_rows(runs: list[Run], tasks: list[str], latents: int = 8,
@@ -153,9 +155,9 @@ def verdict_rows(runs: list[Run], tasks: list[str], latents: int = 8,
                 continue
             a = [r.value(tested.metric) for r, _ in pairs]
             b = [k.value(tested.metric) for _, k in pairs]
-            se, n = item_se(pairs, tested.metric)
+            se, n, df = item_se(pairs, tested.metric)
             test = paired_seed_test([x - y for x, y in zip(a, b, strict=True)], item_se=se,
-                                    items=n)
+                                    items=n, item_df=df)
             left_out = (f"; seeds trained in {', '.join(sorted(mismatched))} left out"
                         if mismatched else "")
             rows.append(VerdictRow(c, task, float(np.mean(a)), float(np.mean(b)), test,
@@ -181,8 +183,9 @@ def verdict_markdown(rows: list[VerdictRow]) -> list[str]:
         out.append(f"| {name} | {task_title(r.task)} | {r.tested:.2f} | {control} | {diff} | "
                    f"{interval} | {mde} | {r.verdict} |")
     out += ["", "Exact %, means over the seeds both cells ran; the difference is the mean of "
-            "the per-seed differences, tested by a paired t over seeds with the items' clustered "
-            "noise added (Welch–Satterthwaite degrees of freedom), 95 % interval, p "
+            "the per-seed differences, tested by a paired t over seeds with the items' variance "
+            "component added (seeds × items crossed, the residual counted once; "
+            "Welch–Satterthwaite degrees of freedom), 95 % interval, p "
             "Holm-adjusted over this table; smallest detectable: "
             "the true difference this test finds with 80 % power. A row on one seed is "
             "descriptive only.", ""]
