@@ -187,13 +187,16 @@ def cluster_bootstrap(a: np.ndarray, b: np.ndarray, reps: int = 2000, seed: int 
     return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
-def verdict(test: SeedTest, p_adjusted: float | None, alpha: float = ALPHA) -> str:
+def verdict(test: SeedTest, p_adjusted: float | None, alpha: float = ALPHA,
+            family: bool = True) -> str:
     """The words of a verdict: significant either way, no evidence either way (with what the
-    test could have seen), or descriptive only."""
+    test could have seen), or descriptive only. ``family``: the p is Holm's over a family;
+    else the test's own p, named so."""
     if not test.testable:
         return "descriptive only: one seed has no spread over seeds to test against"
     p = p_adjusted if p_adjusted is not None else test.p
+    name = "Holm p" if family else "p, not family-wise"
     if p is not None and p < alpha:
-        return f"{'ahead' if test.diff > 0 else 'behind'}, significant (Holm p = {p:.3g})"
-    return (f"no evidence either way (Holm p = {p:.2g}; could detect ≥ {test.mde:.1f} "
+        return f"{'ahead' if test.diff > 0 else 'behind'}, significant ({name} = {p:.3g})"
+    return (f"no evidence either way ({name} = {p:.2g}; could detect ≥ {test.mde:.1f} "
             "points)")
