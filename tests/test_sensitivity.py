@@ -133,6 +133,45 @@ def test_seeds_that_agree_exactly_still_carry_the_items_noise():
     assert 2.0 <= wide.df < 2.1
 
 
+def _null_rejections(item_var, sims: int = 1000, k: int = 4, n: int = 400) -> float:
+    """How often the seed test rejects at α = .05 when both arms are one policy: items of
+    every difficulty, a small per-seed shift of each arm, Bernoulli grades per seed."""
+    rng = np.random.default_rng(0)
+    rejected = 0
+    for _ in range(sims):
+        p = rng.random(n)
+        shift = rng.normal(0, 0.01, (2, k, 1))
+        x = rng.random((k, n)) < np.clip(p + shift[0], 0, 1)
+        y = rng.random((k, n)) < np.clip(p + shift[1], 0, 1)
+        d = 100.0 * (x.astype(float) - y)
+        var, df = item_var(d)
+        t = stats.paired_seed_test(list(d.mean(axis=1)), item_se=float(np.sqrt(var)), items=n,
+                                   item_df=df)
+        rejected += t.p < 0.05
+    return rejected / sims
+
+
+def test_the_seed_test_rejects_a_true_null_at_its_nominal_rate():
+    assert 0.03 <= _null_rejections(stats.crossed_items) <= 0.07
+    # the items' variance of seed-averaged differences counts the seed × item residual a
+    # second time (the seeds' spread holds it): the test then rejects far under 5 %
+    def twice(d):
+        return d.mean(axis=0).var(ddof=1) / d.shape[1], d.shape[1] - 1
+    assert _null_rejections(twice) < 0.03
+
+
+def test_the_crossed_items_component_leaves_the_residual_to_the_seeds():
+    rng = np.random.default_rng(3)
+    k, n = 5, 300
+    d = rng.normal(0, 1.0, (k, 1)) + rng.normal(0, 2.0, (1, n)) + rng.normal(0, 6.0, (k, n))
+    var, df = stats.crossed_items(d)
+    assert var < d.mean(axis=0).var(ddof=1) / n  # the residual's share is taken out
+    assert var == pytest.approx(4.0 / n, rel=0.5) and 0 < df < n
+    assert stats.crossed_items(np.zeros((3, 10))) == (0.0, 0.0)
+    one, df1 = stats.crossed_items(d[:1])
+    assert one == pytest.approx(d[0].var(ddof=1) / n) and df1 == n - 1
+
+
 def test_one_seed_is_descriptive_only():
     t = stats.paired_seed_test([3.0])
     assert not t.testable and "descriptive only" in stats.verdict(t, None)

@@ -21,6 +21,7 @@ from musketeers.cache.store import store_name
 from musketeers.cache.untrusted import safe_name
 from musketeers.design import experiment
 from musketeers.design.grid_yaml import check_grid, read_grid_yaml
+from musketeers.design.prereg import Preregistration, read_prereg
 from musketeers.method.methods import fixed_steps, ignored
 
 BUDGETS = ("smoke", "pocket", "paper")
@@ -52,6 +53,8 @@ class Grid:
     name: str = ""
     # the YAML's own seeds: the main comparison; a part's longer seed list adds power beyond it
     seeds: list[int] = field(default_factory=list)
+    # what the report tests, fixed before any run (``design.prereg``); None: exploratory
+    prereg: Preregistration | None = None
 
     def __post_init__(self) -> None:
         self.name = self.name or self.budget
@@ -171,4 +174,5 @@ def load_grid(
         name=safe_name(raw.get("name") or budget, f"grid {path}: name",
                        "give the grid a plain name"),
         seeds=[int(s) for s in grid_seeds],
+        prereg=read_prereg(raw.get("preregistered"), path),
     )

@@ -13,6 +13,7 @@ import numpy as np
 
 from musketeers.cache.untrusted import printable
 from musketeers.design.gridspec import Grid
+from musketeers.design.prereg import implicit
 from musketeers.method.methods import ignored
 from musketeers.reports.aggregate import METRICS, Run, group_key, load_runs
 from musketeers.reports.by_source import by_source_markdown
@@ -323,9 +324,11 @@ def write_report(grid: Grid, runs_dir: Path, reports_dir: Path,
     for old in out.glob("figure*.png"):
         if old.name not in drawn:
             old.unlink()
+    prereg = grid.prereg or implicit(grid.seeds)
     title = f"`{grid.budget}`" + (f" (grid `{grid.name}`)" if grid.name != grid.budget else "")
     md = [f"# Ablations — budget {title}", "", "## Verdicts", "",
-          *verdict_markdown(verdict_rows(runs, list(tasks_of(runs)), latents)), "",
+          *verdict_markdown(verdict_rows(runs, list(tasks_of(runs)), latents,
+                                         prereg=prereg), prereg), "",
           *shortcut_lines(grid), "## What was run", "",
           *_what_was_run(grid, runs, wall_time), "",
           f"Two metrics of the greedy validation completions: {METRIC_TEXT['exact']}, and "

@@ -1,16 +1,17 @@
 """The tests behind every verdict: paired over training seeds, with the right degrees of freedom.
 
-Two methods trained on the same seeds and graded on the same items differ, per seed s, by
-d_s = mean_i(a_si − b_si). Their spread carries the training seed's noise, with k − 1
-degrees of freedom (with k = 3 the 95 % critical value is 4.30, not 2). The items' noise is
-common to every seed, since every seed grades the same items, so the spread cannot show it:
-the items' SE of the seed-averaged difference, clustered by item, is added, and the degrees
-of freedom are Welch–Satterthwaite's over the two. Each test gives its interval, its p-value
-and the **minimum detectable effect**: the true difference it would find with 80 % power at
-its own noise, (t_{1−α/2} + t_{power}) · SE. A
-difference that is not significant is "no evidence either way, could detect ≥ MDE", never
-"equivalent". Across the claims of one report, p-values are adjusted by Holm's step-down
-method, which controls the family-wise error without assuming independence.
+Two methods trained on the same seeds and graded on the same items differ, per seed s, by d_s =
+mean_i(a_si − b_si). Their spread carries the training seed's noise, with k − 1 degrees of
+freedom (with k = 3 the 95 % critical value is 4.30, not 2). The items' noise is common to
+every seed, since every seed grades the same items, so the spread cannot show it: the items'
+own variance component is added (``crossed_items``: seeds × items as a crossed design, so the
+seed × item residual, which the seeds' spread already holds, is not counted twice), and the
+degrees of freedom are Welch–Satterthwaite's over the parts. Each test gives its interval, its
+p-value and the **minimum detectable effect**: the true difference it would find with 80 %
+power at its own noise, (t_{1−α/2} + t_{power}) · SE. A difference that is not significant is
+"no evidence either way, could detect ≥ MDE", never "equivalent". Across the claims of one
+report, p-values are adjusted by Holm's step-down method, which controls the family-wise error
+without assuming independence.
 
 A comparison on one seed has no spread over seeds to test against: it is descriptive only.
 ``seeds_for_mde`` projects, from a comparison's measured spreads, how many seeds would bring
@@ -45,8 +46,9 @@ class SeedTest:
     mde: float | None  # smallest true difference found with 80 % power; None on one seed
     seeds: int
     seed_var: float = math.nan  # variance of the per-seed differences (ddof = 1)
-    item_var: float = 0.0  # the items' variance of the seed-averaged difference (item_se²)
+    item_var: float = 0.0  # the items' variance component of the mean (item_se²)
     items: int = 0
+    item_df: float | None = None  # that component's df (None: items − 1)
 
     @property
     def testable(self) -> bool:
@@ -59,15 +61,44 @@ def mde(se: float, df: float, alpha: float = ALPHA, power: float = POWER) -> flo
     return float((sps.t.ppf(1 - alpha / 2, df) + sps.t.ppf(power, df)) * se)
 
 
-def satterthwaite(parts: list[tuple[float, int]]) -> float:
+def satterthwaite(parts: list[tuple[float, float]]) -> float:
     """Welch–Satterthwaite degrees of freedom of a sum of variance estimates (var, df)."""
     total = sum(v for v, _ in parts)
     denom = sum(v * v / df for v, df in parts if df > 0 and v > 0)
     return total * total / denom if denom > 0 else float("inf")
 
 
+def crossed_items(d: np.ndarray) -> tuple[float, float]:
+    """The items' share of the variance of a seeds × items mean, and its degrees of freedom.
+
+    ``d`` [k seeds, n items] (points): d_si = μ + a_s + b_i + e_si. The mean's variance is
+    σ_a²/k + σ_b²/n + σ_e²/(kn); the per-seed differences' spread estimates the first and
+    last terms together (their variance / k = MS_seeds / kn), so only σ_b²/n is added here:
+    (MS_items − MS_residual) / kn, clamped at 0. The variance of the seed-averaged item
+    differences alone (MS_items / kn) would count σ_e²/(kn) a second time. Degrees of freedom:
+    Welch–Satterthwaite's for the difference of the two mean squares. On one seed there is no
+    residual to take out: MS_items / n, with n − 1 df.
+    """
+    d = np.asarray(d, dtype=float)
+    k, n = d.shape
+    if n < 2:
+        return 0.0, 0.0
+    items = d.mean(axis=0)
+    ms_items = k * float(items.var(ddof=1))
+    if k < 2:
+        return ms_items / n, float(n - 1)
+    resid = d - d.mean(axis=1, keepdims=True) - items + d.mean()
+    ms_resid = float((resid ** 2).sum()) / ((k - 1) * (n - 1))
+    var = (ms_items - ms_resid) / (k * n)
+    if var <= 0:
+        return 0.0, 0.0
+    denom = ms_items ** 2 / (n - 1) + ms_resid ** 2 / ((k - 1) * (n - 1))
+    return var, (ms_items - ms_resid) ** 2 / denom if denom > 0 else float("inf")
+
+
 def paired_seed_test(diffs: list[float], alpha: float = ALPHA,
-                     item_se: float | None = None, items: int = 0) -> SeedTest:
+                     item_se: float | None = None, items: int = 0,
+                     item_df: float | None = None) -> SeedTest:
     """The paired t over seeds of per-seed differences ``diffs`` (points).
 
     Every seed grades the same items, so the items' share of the noise is common to all
@@ -75,6 +106,7 @@ def paired_seed_test(diffs: list[float], alpha: float = ALPHA,
     difference over ``items`` items, clustered by item) is added to the seeds' variance, and
     the degrees of freedom are Welch–Satterthwaite's over the two (k − 1 where the seeds
     dominate; three seeds that differ by the same one item do not make a test certain).
+    ``item_df``: the item part's degrees of freedom (``crossed_items``'), else items − 1.
     """
     d = np.round(np.asarray(diffs, dtype=float), 9)  # exacts are shares: no float dust
     k = len(d)
@@ -85,34 +117,35 @@ def paired_seed_test(diffs: list[float], alpha: float = ALPHA,
         return SeedTest(mean, math.nan, math.nan, None, 0, None, 1)
     seed_var = float(d.var(ddof=1))
     item_var, items = (item_se * item_se, items) if item_se is not None else (0.0, 0)
-    se, df = _noise(seed_var, k, item_var, items)
+    se, df = _noise(seed_var, k, item_var, items, item_df)
     crit = float(sps.t.ppf(1 - alpha / 2, df))
     if se == 0.0:  # every seed and item agree: no spread to weigh the difference against
         p = 1.0 if mean == 0 else 0.0
     else:
         p = float(2 * sps.t.sf(abs(mean) / se, df))
     return SeedTest(mean, mean - crit * se, mean + crit * se, p, df, mde(se, df, alpha), k,
-                    seed_var, item_var, items)
+                    seed_var, item_var, items, item_df)
 
 
-def _noise(seed_var: float, k: int, item_var: float, items: int) -> tuple[float, float]:
+def _noise(seed_var: float, k: int, item_var: float, items: int,
+           item_df: float | None = None) -> tuple[float, float]:
     """(SE, Welch–Satterthwaite df) of a mean over ``k`` seeds with the items' noise added."""
-    parts = [(seed_var / k, k - 1)]
+    parts: list[tuple[float, float]] = [(seed_var / k, k - 1)]
     if item_var > 0 and items > 1:
-        parts.append((item_var, items - 1))
+        parts.append((item_var, items - 1 if item_df is None else item_df))
     return math.sqrt(sum(v for v, _ in parts)), min(satterthwaite(parts), 10_000.0)
 
 
 def seeds_for_mde(test: SeedTest, target: float, most: int = MOST_SEEDS) -> int | None:
     """The fewest seeds at which ``test``'s comparison would reach a minimum detectable effect
     of ``target`` points, projected from its measured spreads: the per-seed differences'
-    variance over k seeds, the items' share held as measured (more seeds would average it
-    down a little, so the count errs high). None on one seed, or past ``most`` seeds (the
+    variance over k seeds, the items' component held as measured (seeds never average it
+    away). None on one seed, or past ``most`` seeds (the
     items' noise alone may exceed the target: then more items, not seeds, is the lever)."""
     if not test.testable or math.isnan(test.seed_var):
         return None
     for k in range(2, most + 1):
-        se, df = _noise(test.seed_var, k, test.item_var, test.items)
+        se, df = _noise(test.seed_var, k, test.item_var, test.items, test.item_df)
         if mde(se, df) <= target:
             return k
     return None
@@ -123,7 +156,7 @@ def items_floor(test: SeedTest) -> float:
     items' noise alone (every seed grades the same items, so seeds never average it away)."""
     if test.item_var <= 0 or test.items < 2:
         return 0.0
-    return mde(*_noise(0.0, 2, test.item_var, test.items))
+    return mde(*_noise(0.0, 2, test.item_var, test.items, test.item_df))
 
 
 def holm(pvalues: list[float | None]) -> list[float | None]:
@@ -154,13 +187,16 @@ def cluster_bootstrap(a: np.ndarray, b: np.ndarray, reps: int = 2000, seed: int 
     return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
-def verdict(test: SeedTest, p_adjusted: float | None, alpha: float = ALPHA) -> str:
+def verdict(test: SeedTest, p_adjusted: float | None, alpha: float = ALPHA,
+            family: bool = True) -> str:
     """The words of a verdict: significant either way, no evidence either way (with what the
-    test could have seen), or descriptive only."""
+    test could have seen), or descriptive only. ``family``: the p is Holm's over a family;
+    else the test's own p, named so."""
     if not test.testable:
         return "descriptive only: one seed has no spread over seeds to test against"
     p = p_adjusted if p_adjusted is not None else test.p
+    name = "Holm p" if family else "p, not family-wise"
     if p is not None and p < alpha:
-        return f"{'ahead' if test.diff > 0 else 'behind'}, significant (Holm p = {p:.3g})"
-    return (f"no evidence either way (Holm p = {p:.2g}; could detect ≥ {test.mde:.1f} "
+        return f"{'ahead' if test.diff > 0 else 'behind'}, significant ({name} = {p:.3g})"
+    return (f"no evidence either way ({name} = {p:.2g}; could detect ≥ {test.mde:.1f} "
             "points)")

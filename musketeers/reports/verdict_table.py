@@ -10,11 +10,13 @@ whole table. Adding a claim means adding one entry to ``COMPARISONS``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from musketeers.design.comparisons import COMPARISONS, Comparison
+from musketeers.design.prereg import Preregistration
 from musketeers.reports.aggregate import Cell, Run, cell
 from musketeers.reports.paired import by_item
 from musketeers.reports.stats import (
@@ -22,6 +24,7 @@ from musketeers.reports.stats import (
     MOST_SEEDS,
     PLANNED_MDE,
     SeedTest,
+    crossed_items,
     holm,
     items_floor,
     paired_seed_test,
@@ -30,47 +33,6 @@ from musketeers.reports.stats import (
 )
 from musketeers.run.runlog import eval_files
 from musketeers.tasks.variants import task_title
-
-OURS: dict[str, Any] = {"method": "perceiver", "team": "default"}
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """One claim: ``tested`` beats ``control`` in exact on the same seeds."""
-
-    name: str  # short, for the table's first column
-    tested: dict[str, Any]  # group-key fields of the tested cell (pooling, latents: defaults)
-    control: dict[str, Any]
-    why: str  # what a difference would show, for the details under the table
-    positive_control: bool = False  # must hold, or the setup cannot see help at all
-    defaults: dict[str, Any] = field(default_factory=lambda: {"pooling": "last"})
-
-
-COMPARISONS: tuple[Comparison, ...] = (
-    Comparison("regime: Single > untrained", {"method": "single"}, {"method": "untrained"},
-               "training teaches the policy something at this budget"),
-    Comparison("reward: Ours > shuffled reward", OURS, {**OURS, "method": "shuffled_reward"},
-               "the reward, not the updates themselves, raises Ours"),
-    Comparison("oracle > Single", {**OURS, "team": "oracle"}, {"method": "single"},
-               "expert help, where it surely exists, is visible at all", positive_control=True),
-    Comparison("oracle > its shuffled experts", {**OURS, "team": "oracle"},
-               {**OURS, "team": "oracle", "method": "shuffled_experts"},
-               "the gain comes from the item's own vectors, not their presence",
-               positive_control=True),
-    Comparison("Ours > Single (§4.2)", OURS, {"method": "single"},
-               "the default team's hidden states help"),
-    Comparison("Ours > shuffled experts", OURS, {**OURS, "method": "shuffled_experts"},
-               "what the experts say about this item helps"),
-    Comparison("strong team > Single", {**OURS, "team": "strong"}, {"method": "single"},
-               "an expert stronger than the policy helps"),
-    Comparison("strong team > its shuffled experts", {**OURS, "team": "strong"},
-               {**OURS, "team": "strong", "method": "shuffled_experts"},
-               "the stronger expert's item information helps"),
-    Comparison("Ours > hard routing", OURS, {**OURS, "method": "hard_routing"},
-               "Table 1: soft cross-attention beats one routed expert"),
-    Comparison("Ours > no cross-attention", OURS, {**OURS, "method": "no_cross_attn"},
-               "Table 1: cross-attention beats a token-wise FFN"),
-)
 
 
 @dataclass
@@ -83,11 +45,15 @@ class VerdictRow:
     p_adjusted: float | None = None
     refused: str | None = None  # why no seed could be compared (trained in other dtypes)
     left_out: str = ""  # seeds left out of the comparison, and why
+    exploratory: str = ""  # why this row is outside the pre-registered family ("": inside)
 
     @property
     def verdict(self) -> str:
         if self.refused:
             return f"refused: {self.refused}"
+        if self.exploratory:
+            return (f"exploratory ({self.exploratory}): "
+                    + verdict(self.test, self.test.p, family=False) + self.left_out)
         return verdict(self.test, self.p_adjusted) + self.left_out
 
 
@@ -118,26 +84,30 @@ def same_dtype(pairs: list[tuple[Run, Run]]) -> tuple[list[tuple[Run, Run]], set
     return kept, refused
 
 
-def item_se(pairs: list[tuple[Run, Run]], metric: str = "exact") -> tuple[float | None, int]:
-    """(SE in points, items) of the seed-averaged difference from the items alone, clustered
-    by item: each item's difference averaged over the seeds, then the SE of their mean."""
+def item_se(pairs: list[tuple[Run, Run]], metric: str = "exact"
+            ) -> tuple[float | None, int, float | None]:
+    """(SE in points, items, df) of the items' variance component of the seeds × items mean
+    difference (``stats.crossed_items``), over the items graded in every pair."""
     files = [(a.path / eval_files()[1], b.path / eval_files()[1]) for a, b in pairs]
     if not all(fa.is_file() and fb.is_file() for fa, fb in files):
-        return None, 0
-    per_item: dict[str, list[float]] = {}
+        return None, 0, None
+    per_pair = []
     for fa, fb in files:
         a, b = by_item(fa, metric), by_item(fb, metric)
-        for i in set(a) & set(b):
-            per_item.setdefault(i, []).append(a[i] - b[i])
-    d = np.array([np.mean(v) for v in per_item.values() if len(v) == len(files)])
-    if len(d) < 2:
-        return None, 0
-    return float(100.0 * d.std(ddof=1) / np.sqrt(len(d))), len(d)
+        per_pair.append({i: a[i] - b[i] for i in set(a) & set(b)})
+    shared = sorted(set.intersection(*(set(p) for p in per_pair)))
+    if len(shared) < 2:
+        return None, 0, None
+    var, df = crossed_items(100.0 * np.array([[p[i] for i in shared] for p in per_pair]))
+    return float(np.sqrt(var)), len(shared), df
 
 
 def verdict_rows(runs: list[Run], tasks: list[str], latents: int = 8,
-                 comparisons: tuple[Comparison, ...] = COMPARISONS) -> list[VerdictRow]:
-    """Every comparison on every task where both its cells have a shared seed; Holm-adjusted."""
+                 comparisons: tuple[Comparison, ...] = COMPARISONS,
+                 prereg: Preregistration | None = None) -> list[VerdictRow]:
+    """Every comparison on every task where both its cells have a shared seed. Holm-adjusted
+    over the pre-registered family on its seeds (``prereg``); every other row is exploratory.
+    Without a pre-registration, over the whole table."""
     rows = []
     for c in comparisons:
         for task in tasks:
@@ -151,21 +121,43 @@ def verdict_rows(runs: list[Run], tasks: list[str], latents: int = 8,
                     "must share one dtype")))
             if not pairs:
                 continue
-            a = [r.value(tested.metric) for r, _ in pairs]
-            b = [k.value(tested.metric) for _, k in pairs]
-            se, n = item_se(pairs, tested.metric)
-            test = paired_seed_test([x - y for x, y in zip(a, b, strict=True)], item_se=se,
-                                    items=n)
             left_out = (f"; seeds trained in {', '.join(sorted(mismatched))} left out"
                         if mismatched else "")
-            rows.append(VerdictRow(c, task, float(np.mean(a)), float(np.mean(b)), test,
-                                   left_out=left_out))
-    for row, p in zip(rows, holm([r.test.p for r in rows]), strict=True):
+            if prereg is None:
+                rows.append(_row(c, task, pairs, left_out, metric=tested.metric))
+                continue
+            why = ("" if prereg.registered(c.name) else "not in the confirmatory family")
+            if not why and (missing := prereg.arm_missing(c.name)):
+                why = f"arm {missing} not registered"
+            registered = [(a, b) for a, b in pairs if a.seed in prereg.seeds]
+            later = sorted({a.seed for a, _ in pairs} - set(prereg.seeds))
+            if registered:
+                rows.append(_row(c, task, registered, left_out, why, tested.metric))
+            if later:
+                added = f"seeds {', '.join(map(str, later))} " + (
+                    "beyond the grid's main seeds" if prereg.implicit else "added after a look")
+                rows.append(_row(c, task, pairs, left_out, f"{why}; {added}" if why else added,
+                                 tested.metric))
+    family = [r for r in rows if not r.exploratory and not r.refused]
+    for row, p in zip(family, holm([r.test.p for r in family]), strict=True):
         row.p_adjusted = p
     return rows
 
 
-def verdict_markdown(rows: list[VerdictRow]) -> list[str]:
+def _row(c: Comparison, task: str, pairs: list[tuple[Run, Run]], left_out: str,
+         exploratory: str = "", metric: str = "exact") -> VerdictRow:
+    """One comparison's test over ``pairs`` (tested run, control run)."""
+    a = [r.value(metric) for r, _ in pairs]
+    b = [k.value(metric) for _, k in pairs]
+    se, n, df = item_se(pairs, metric)
+    test = paired_seed_test([x - y for x, y in zip(a, b, strict=True)], item_se=se, items=n,
+                            item_df=df)
+    return VerdictRow(c, task, float(np.mean(a)), float(np.mean(b)), test, left_out=left_out,
+                      exploratory=exploratory)
+
+
+def verdict_markdown(rows: list[VerdictRow], prereg: Preregistration | None = None
+                     ) -> list[str]:
     """The table a reader sees first, then one short line per row saying what it tests."""
     if not rows:
         return ["No comparison has both of its cells on a shared seed yet."]
@@ -181,9 +173,10 @@ def verdict_markdown(rows: list[VerdictRow]) -> list[str]:
         out.append(f"| {name} | {task_title(r.task)} | {r.tested:.2f} | {control} | {diff} | "
                    f"{interval} | {mde} | {r.verdict} |")
     out += ["", "Exact %, means over the seeds both cells ran; the difference is the mean of "
-            "the per-seed differences, tested by a paired t over seeds with the items' clustered "
-            "noise added (Welch–Satterthwaite degrees of freedom), 95 % interval, p "
-            "Holm-adjusted over this table; smallest detectable: "
+            "the per-seed differences, tested by a paired t over seeds with the items' variance "
+            "component added (seeds × items crossed, the residual counted once; "
+            "Welch–Satterthwaite degrees of freedom), 95 % interval, p "
+            f"{family_text(prereg)}; smallest detectable: "
             "the true difference this test finds with 80 % power. A row on one seed is "
             "descriptive only.", ""]
     out += power_lines(rows)
@@ -193,6 +186,24 @@ def verdict_markdown(rows: list[VerdictRow]) -> list[str]:
             seen.add(r.comparison.name)
             out.append(f"- *{r.comparison.name}*: {r.comparison.why}.")
     return out
+
+
+def family_text(prereg: Preregistration | None) -> str:
+    """Over what the p-values are adjusted, for the table's footnote."""
+    if prereg is None:
+        return ("Holm-adjusted over this table (this grid fixed no confirmatory family in "
+                "advance: read every p as exploratory)")
+    if prereg.implicit:
+        return (f"Holm-adjusted over this table on the grid's main seeds "
+                f"({', '.join(map(str, prereg.seeds))}); the grid fixed no confirmatory family "
+                "in advance, so read these p-values as exploratory too; a row with a part's "
+                "seeds beyond them carries its own p, never a family-wise one")
+    return (f"Holm-adjusted over the confirmatory family fixed before any run"
+            f"{f' ({prereg.fixed})' if prereg.fixed else ''}: "
+            f"{'; '.join(prereg.confirmatory)}, on seeds "
+            f"{', '.join(map(str, prereg.seeds))}; a row marked exploratory (outside that "
+            "family, or with seeds or arms added after a look) carries its own p, never a "
+            "family-wise one")
 
 
 def power_lines(rows: list[VerdictRow], target: float = PLANNED_MDE) -> list[str]:

@@ -1,0 +1,62 @@
+"""The claims a grid's report tests: each a tested cell against its control, in exact.
+
+Declared here, with the experiment's design, so that a grid's pre-registration
+(``design.prereg``) can name its confirmatory family before any run exists, and the report
+(``reports.verdict_table``) tests the same comparisons.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+OURS: dict[str, Any] = {"method": "perceiver", "team": "default"}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One claim: ``tested`` beats ``control`` in exact on the same seeds."""
+
+    name: str  # short, for the table's first column
+    tested: dict[str, Any]  # group-key fields of the tested cell (pooling, latents: defaults)
+    control: dict[str, Any]
+    why: str  # what a difference would show, for the details under the table
+    positive_control: bool = False  # must hold, or the setup cannot see help at all
+    defaults: dict[str, Any] = field(default_factory=lambda: {"pooling": "last"})
+
+
+COMPARISONS: tuple[Comparison, ...] = (
+    Comparison("regime: Single > untrained", {"method": "single"}, {"method": "untrained"},
+               "training teaches the policy something at this budget"),
+    Comparison("reward: Ours > shuffled reward", OURS, {**OURS, "method": "shuffled_reward"},
+               "the reward, not the updates themselves, raises Ours"),
+    Comparison("oracle > Single", {**OURS, "team": "oracle"}, {"method": "single"},
+               "expert help, where it surely exists, is visible at all", positive_control=True),
+    Comparison("oracle > its shuffled experts", {**OURS, "team": "oracle"},
+               {**OURS, "team": "oracle", "method": "shuffled_experts"},
+               "the gain comes from the item's own vectors, not their presence",
+               positive_control=True),
+    Comparison("Ours > Single (§4.2)", OURS, {"method": "single"},
+               "the default team's hidden states help"),
+    Comparison("Ours > shuffled experts", OURS, {**OURS, "method": "shuffled_experts"},
+               "what the experts say about this item helps"),
+    Comparison("strong team > Single", {**OURS, "team": "strong"}, {"method": "single"},
+               "an expert stronger than the policy helps"),
+    Comparison("strong team > its shuffled experts", {**OURS, "team": "strong"},
+               {**OURS, "team": "strong", "method": "shuffled_experts"},
+               "the stronger expert's item information helps"),
+    Comparison("Ours > hard routing", OURS, {**OURS, "method": "hard_routing"},
+               "Table 1: soft cross-attention beats one routed expert"),
+    Comparison("Ours > no cross-attention", OURS, {**OURS, "method": "no_cross_attn"},
+               "Table 1: cross-attention beats a token-wise FFN"),
+)
+
+
+def comparison_names() -> tuple[str, ...]:
+    return tuple(c.name for c in COMPARISONS)
+
+
+def arm(key: dict[str, Any]) -> str:
+    """A cell's arm label, ``method`` or ``method/team``: what a pre-registration lists."""
+    team = key.get("team")
+    return f"{key['method']}/{team}" if team else str(key["method"])
