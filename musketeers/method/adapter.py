@@ -12,8 +12,9 @@ so an expert with one token is exactly the pooled case) and carries its expert's
 Perceiver's keys are every real token of every expert (Eq. 10 with a key mask), and A sums the
 attention over each expert's tokens (``routing.expert_attention``), so Eq. 15's H and u_i keep
 their meaning. ``no_cross_attn`` and ``hard_routing`` read one vector per expert: with tokens,
-the masked mean of its projected tokens (``masked_mean``). The methods that use them, and the controls, are declared in
-``musketeers.method.methods``:
+the masked mean of its projected tokens (``masked_mean``).
+
+The methods that use them, and the controls, are declared in ``musketeers.method.methods``:
 
 - ``perceiver``      ours: m latent queries cross-attend over the aligned experts (Eq. 8–11)
 - ``no_cross_attn``  Eq. 14: the token-wise FFN over the stacked V, one token per expert
