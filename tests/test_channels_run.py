@@ -1,0 +1,163 @@
+"""A run on a token channel: SplitData slices TokenRows per batch, shuffled_experts permutes
+token rows, training and evaluation run, and a resumed run keeps its channel."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from musketeers.cache import reader
+from musketeers.cache.errors import UserError
+from musketeers.cache.tokens import TokenRows, from_arrays
+from musketeers.checks.planted import planted_config
+from musketeers.method.adapter import ExpertTokens
+from musketeers.method.methods import derangement
+from musketeers.run import data as data_mod
+from musketeers.run.build import expert_names_for
+from musketeers.run.data import load_split
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+TIMING = {"time_s", "phase_s"}
+
+
+class Recorder(TokenRows):
+    """TokenRows that remembers which rows were read (never the whole split at once)."""
+
+    reads: list[list[int]]
+
+    def rows(self, idx):
+        self.reads.append([int(i) for i in idx])
+        return super().rows(idx)
+
+
+def token_reader(extra: int):
+    """A reader of token rows built from the store's pooled vectors: row i holds its pooled
+    vector first, then ``i % (extra + 1)`` noise tokens (``extra`` = 0: exactly one token)."""
+    made: list[Recorder] = []
+
+    def read(cache_dir, task, split, experts, channel, layer):
+        assert channel in ("tokens", "answer") and layer == -1
+        out = []
+        for e, vec in enumerate(reader.read_vectors(cache_dir, task, split, experts, "last")):
+            rng = np.random.default_rng(e)
+            rows = [np.concatenate([v[None], rng.normal(size=(i % (extra + 1), len(v)))])
+                    for i, v in enumerate(vec)]
+            t = from_arrays(rows)
+            rec = Recorder(t.offsets, t.flat)
+            object.__setattr__(rec, "reads", [])
+            made.append(rec)
+            out.append(rec)
+        return out
+
+    read.made = made
+    return read
+
+
+def small(method: str, store: Path, run: Path, steps: int = 2, **kw):
+    values = dict(prompts_per_micro=4, group_size=4, grad_accum=2, save_every=1, beta=0.04,
+                  eval_limit=8)
+    values.update(kw)
+    return planted_config(method, 0, steps, store, run, **values)
+
+
+def metrics(run: Path) -> list[dict]:
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
+def test_split_keeps_token_rows_and_reads_each_batch(planted_store, tmp_path, monkeypatch):
+    read = token_reader(extra=3)
+    monkeypatch.setattr(reader, "read_token_rows", read, raising=False)
+    cfg = small("perceiver", planted_store, tmp_path / "r", channel="tokens")
+    data = load_split(cfg, "train", expert_names_for(cfg))
+    assert data.vectors == [] and len(data.tokens) == 3
+    assert all(rec.reads == [] for rec in read.made)  # nothing read until a batch asks
+    items, inputs, _ = data.batch(torch.tensor([5, 2, 7]))
+    assert [it.id for it in items] == [data.items[i].id for i in (5, 2, 7)]
+    assert all(rec.reads == [[5, 2, 7]] for rec in read.made)
+    x = inputs[0]
+    assert isinstance(x, ExpertTokens)
+    assert x.mask.sum(1).tolist() == [5 % 4 + 1, 2 % 4 + 1, 7 % 4 + 1]
+    assert (x.states[~x.mask] == 0).all()
+    pooled = reader.read_vectors(cfg.cache_dir, cfg.task, "train", data.expert_names, "last")
+    np.testing.assert_array_equal(x.states[:, 0].numpy(), pooled[0][[5, 2, 7]])
+    sample = data.standardizer_sample(0)
+    assert sample[0].shape[0] == sum(i % 4 + 1 for i in range(len(data)))  # 64 rows < the cap
+    monkeypatch.setattr(data_mod, "STANDARDIZER_ROWS", 8)
+    assert len(read.made[0].reads[-1]) == len(data)
+    data.standardizer_sample(0)
+    assert len(read.made[0].reads[-1]) == 8  # a bounded sample, not the split
+
+
+def test_shuffled_experts_reads_another_rows_tokens(planted_store, tmp_path, monkeypatch):
+    monkeypatch.setattr(reader, "read_token_rows", token_reader(extra=2), raising=False)
+    cfg = small("shuffled_experts", planted_store, tmp_path / "r", channel="tokens")
+    data = load_split(cfg, "train", expert_names_for(cfg))
+    perm = derangement(len(data), cfg.seed)
+    assert data.token_rows.tolist() == perm.tolist()
+    pooled = load_split(replace(cfg, channel="pooled"), "train", expert_names_for(cfg))
+    rows = torch.arange(10)
+    _, tok, _ = data.batch(rows)
+    _, vec, _ = pooled.batch(rows)
+    for t, v in zip(tok, vec, strict=True):  # the pooled control's rows, token for token
+        torch.testing.assert_close(t.states[:, 0], v, rtol=0, atol=0)
+    assert (perm[rows] != rows).all()
+
+
+def test_zero_context_reads_pooled_vectors_on_any_channel(planted_store, tmp_path, monkeypatch):
+    monkeypatch.setattr(reader, "read_token_rows", token_reader(1), raising=False)
+    cfg = small("zero_context", planted_store, tmp_path / "r", channel="tokens")
+    data = load_split(cfg, "train", expert_names_for(cfg))
+    assert data.tokens == [] and len(data.vectors) == 3
+
+
+def test_one_token_channel_trains_exactly_as_pooled(planted_store, tmp_path, monkeypatch):
+    from musketeers.run.trainer import train
+
+    monkeypatch.setattr(reader, "read_token_rows", token_reader(extra=0), raising=False)
+    train(small("perceiver", planted_store, tmp_path / "pooled"), plot=False)
+    train(small("perceiver", planted_store, tmp_path / "tokens", channel="tokens"), plot=False)
+    a, b = metrics(tmp_path / "pooled"), metrics(tmp_path / "tokens")
+    assert len(a) == 2 and a == b
+
+
+def test_ragged_tokens_train_evaluate_and_resume_keeps_the_channel(planted_store, tmp_path,
+                                                                   monkeypatch):
+    from musketeers.config import read_run_config
+    from musketeers.run.evaluate import evaluate
+    from musketeers.run.trainer import train
+
+    monkeypatch.setattr(reader, "read_token_rows", token_reader(extra=3), raising=False)
+    run = tmp_path / "run"
+    cfg = small("perceiver", planted_store, run, channel="tokens", standardize_experts=True)
+    train(cfg, stop_after=1, plot=False)
+    assert read_run_config(run).channel == "tokens"  # the run records its channel
+    for r in metrics(run):
+        assert sum(r["utilisation"].values()) == pytest.approx(1.0, abs=1e-5)
+        assert 0.0 <= r["entropy"] <= np.log(3) + 1e-6
+    with pytest.raises(UserError, match=r"trained on --channel tokens --token-layer -1; "
+                                        r"--resume keeps it: pass --channel tokens"):
+        train(replace(cfg, channel="pooled"), resume=True, plot=False)
+    with pytest.raises(UserError, match="--token-layer -1"):
+        train(replace(cfg, token_layer=3), resume=True, plot=False)
+    train(read_run_config(run), resume=True, plot=False)
+    assert [r["step"] for r in metrics(run)] == [1, 2]
+    result = evaluate(run, limit=4)
+    assert result["n"] == 4 and 0.0 <= result["exact"] <= 1.0
+
+
+def test_a_pooled_run_refuses_to_resume_on_tokens(planted_store, tmp_path):
+    from musketeers.run.trainer import train
+
+    run = tmp_path / "run"
+    cfg = small("perceiver", planted_store, run)
+    train(cfg, stop_after=1, plot=False)
+    with pytest.raises(UserError, match=r"trained on --channel pooled; --resume keeps it: pass "
+                                        r"--channel pooled, or start a new --run-dir for "
+                                        r"--channel answer$"):
+        train(replace(cfg, channel="answer"), resume=True, plot=False)
