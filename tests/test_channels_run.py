@@ -134,7 +134,8 @@ def test_ragged_tokens_train_evaluate_and_resume_keeps_the_channel(planted_store
 
     monkeypatch.setattr(reader, "read_token_rows", token_reader(extra=3), raising=False)
     run = tmp_path / "run"
-    cfg = small("perceiver", planted_store, run, channel="tokens", standardize_experts=True)
+    cfg = small("perceiver", planted_store, run, channel="tokens", standardize_experts=True,
+                adapter_warmup=2)
     train(cfg, stop_after=1, plot=False)
     assert read_run_config(run).channel == "tokens"  # the run records its channel
     for r in metrics(run):
