@@ -1,5 +1,6 @@
 """A run on a token channel: SplitData slices TokenRows per batch, shuffled_experts permutes
-token rows, training and evaluation run, and a resumed run keeps its channel."""
+token rows, training and evaluation run on a store holding token states, and a resumed run
+keeps its channel."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import zarr
 
-from musketeers.cache import reader
+from musketeers.cache import from_memory, layout, reader
 from musketeers.cache.errors import UserError
 from musketeers.cache.tokens import TokenRows, from_arrays
-from musketeers.checks.planted import planted_config
+from musketeers.checks.planted import EXPERTS, planted_config, write_planted_store
 from musketeers.method.adapter import ExpertTokens
 from musketeers.method.methods import derangement
 from musketeers.run import data as data_mod
@@ -58,6 +60,28 @@ def token_reader(extra: int):
     return read
 
 
+ONE, RAGGED = -1, 0  # token layers of the store below: -1 is the planted experts' layer 1
+
+
+@pytest.fixture(scope="module")
+def token_store(tmp_path_factory) -> Path:
+    """The planted store with token states of every expert: at layer 1 (read as -1) each row's
+    one token is its pooled vector, at layer 0 the pooled vector then ``i % 4`` noise tokens."""
+    cache = tmp_path_factory.mktemp("channels") / "stores"
+    root = zarr.open_group(write_planted_store(cache, n_train=64, n_val=16), mode="r+")
+    for split in ("train", "val"):
+        for e, name in enumerate(EXPERTS):
+            g = layout.find_expert(root, split, name)
+            vec = g["last"][:]
+            rng = np.random.default_rng(e)
+            ragged = [np.concatenate([v[None], rng.normal(size=(i % 4, len(v)))])
+                      for i, v in enumerate(vec)]
+            fp = layout.fingerprint(g)
+            from_memory.write_token_unit(g, "tokens", 1, [v[None] for v in vec], fp)
+            from_memory.write_token_unit(g, "tokens", 0, ragged, fp)
+    return cache
+
+
 def small(method: str, store: Path, run: Path, steps: int = 2, **kw):
     values = dict(prompts_per_micro=4, group_size=4, grad_accum=2, save_every=1, beta=0.04,
                   eval_limit=8)
@@ -72,7 +96,7 @@ def metrics(run: Path) -> list[dict]:
 
 def test_split_keeps_token_rows_and_reads_each_batch(planted_store, tmp_path, monkeypatch):
     read = token_reader(extra=3)
-    monkeypatch.setattr(reader, "read_token_rows", read, raising=False)
+    monkeypatch.setattr(reader, "read_token_rows", read)
     cfg = small("perceiver", planted_store, tmp_path / "r", channel="tokens")
     data = load_split(cfg, "train", expert_names_for(cfg))
     assert data.vectors == [] and len(data.tokens) == 3
@@ -94,9 +118,9 @@ def test_split_keeps_token_rows_and_reads_each_batch(planted_store, tmp_path, mo
     assert len(read.made[0].reads[-1]) == 8  # a bounded sample, not the split
 
 
-def test_shuffled_experts_reads_another_rows_tokens(planted_store, tmp_path, monkeypatch):
-    monkeypatch.setattr(reader, "read_token_rows", token_reader(extra=2), raising=False)
-    cfg = small("shuffled_experts", planted_store, tmp_path / "r", channel="tokens")
+def test_shuffled_experts_reads_another_rows_tokens(token_store, tmp_path):
+    cfg = small("shuffled_experts", token_store, tmp_path / "r", channel="tokens",
+                token_layer=RAGGED)
     data = load_split(cfg, "train", expert_names_for(cfg))
     perm = derangement(len(data), cfg.seed)
     assert data.token_rows.tolist() == perm.tolist()
@@ -106,46 +130,51 @@ def test_shuffled_experts_reads_another_rows_tokens(planted_store, tmp_path, mon
     _, vec, _ = pooled.batch(rows)
     for t, v in zip(tok, vec, strict=True):  # the pooled control's rows, token for token
         torch.testing.assert_close(t.states[:, 0], v, rtol=0, atol=0)
+        assert t.mask.sum(1).tolist() == [int(p) % 4 + 1 for p in perm[rows]]
     assert (perm[rows] != rows).all()
 
 
-def test_zero_context_reads_pooled_vectors_on_any_channel(planted_store, tmp_path, monkeypatch):
-    monkeypatch.setattr(reader, "read_token_rows", token_reader(1), raising=False)
-    cfg = small("zero_context", planted_store, tmp_path / "r", channel="tokens")
+def test_a_store_without_the_channel_names_the_precompute_that_adds_it(planted_store, tmp_path):
+    cfg = small("perceiver", planted_store, tmp_path / "r", channel="tokens", token_layer=1)
+    with pytest.raises(UserError, match=r"no channel 'tokens'.*run: musketeers precompute .*"
+                                        r"--token-states=1"):
+        load_split(cfg, "train", expert_names_for(cfg))
+
+
+def test_zero_context_reads_pooled_vectors_on_any_channel(planted_store, tmp_path):
+    cfg = small("zero_context", planted_store, tmp_path / "r", channel="tokens")  # none stored
     data = load_split(cfg, "train", expert_names_for(cfg))
     assert data.tokens == [] and len(data.vectors) == 3
 
 
-def test_one_token_channel_trains_exactly_as_pooled(planted_store, tmp_path, monkeypatch):
+def test_one_token_channel_trains_exactly_as_pooled(token_store, tmp_path):
     from musketeers.run.trainer import train
 
-    monkeypatch.setattr(reader, "read_token_rows", token_reader(extra=0), raising=False)
-    train(small("perceiver", planted_store, tmp_path / "pooled"), plot=False)
-    train(small("perceiver", planted_store, tmp_path / "tokens", channel="tokens"), plot=False)
+    train(small("perceiver", token_store, tmp_path / "pooled"), plot=False)
+    train(small("perceiver", token_store, tmp_path / "tokens", channel="tokens",
+                token_layer=ONE), plot=False)
     a, b = metrics(tmp_path / "pooled"), metrics(tmp_path / "tokens")
     assert len(a) == 2 and a == b
 
 
-def test_ragged_tokens_train_evaluate_and_resume_keeps_the_channel(planted_store, tmp_path,
-                                                                   monkeypatch):
+def test_ragged_tokens_train_evaluate_and_resume_keeps_the_channel(token_store, tmp_path):
     from musketeers.config import read_run_config
     from musketeers.run.evaluate import evaluate
     from musketeers.run.trainer import train
 
-    monkeypatch.setattr(reader, "read_token_rows", token_reader(extra=3), raising=False)
     run = tmp_path / "run"
-    cfg = small("perceiver", planted_store, run, channel="tokens", standardize_experts=True,
-                adapter_warmup=2)
+    cfg = small("perceiver", token_store, run, channel="tokens", token_layer=RAGGED,
+                standardize_experts=True, adapter_warmup=2)
     train(cfg, stop_after=1, plot=False)
     assert read_run_config(run).channel == "tokens"  # the run records its channel
     for r in metrics(run):
         assert sum(r["utilisation"].values()) == pytest.approx(1.0, abs=1e-5)
         assert 0.0 <= r["entropy"] <= np.log(3) + 1e-6
-    with pytest.raises(UserError, match=r"trained on --channel tokens --token-layer -1; "
+    with pytest.raises(UserError, match=r"trained on --channel tokens --token-layer 0; "
                                         r"--resume keeps it: pass --channel tokens"):
         train(replace(cfg, channel="pooled"), resume=True, plot=False)
-    with pytest.raises(UserError, match="--token-layer -1"):
-        train(replace(cfg, token_layer=3), resume=True, plot=False)
+    with pytest.raises(UserError, match="--token-layer 0"):
+        train(replace(cfg, token_layer=ONE), resume=True, plot=False)
     train(read_run_config(run), resume=True, plot=False)
     assert [r["step"] for r in metrics(run)] == [1, 2]
     result = evaluate(run, limit=4)
