@@ -191,3 +191,42 @@ def test_a_pooled_run_refuses_to_resume_on_tokens(planted_store, tmp_path):
                                         r"--channel pooled, or start a new --run-dir for "
                                         r"--channel answer$"):
         train(replace(cfg, channel="answer"), resume=True, plot=False)
+
+
+@pytest.fixture(scope="module")
+def fixture_tokens(tmp_path_factory) -> Path:
+    """The committed tiny-roster logic store (it has a router) with ragged token states at
+    each expert's last layer."""
+    import shutil
+
+    fixtures = Path(__file__).resolve().parent / "fixtures"
+    cache = tmp_path_factory.mktemp("fixture-tokens")
+    shutil.copytree(fixtures / "logic.zarr", cache / "logic.zarr")
+    root = zarr.open_group(cache / "logic.zarr", mode="r+")
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for name in TINY:
+            g = layout.find_expert(root, split, name)
+            n, d = g["last"].shape
+            rows = [rng.normal(size=(1 + i % 5, d)) for i in range(n)]
+            from_memory.write_token_unit(g, "tokens", int(g.attrs["n_layers"]), rows,
+                                         layout.fingerprint(g))
+    return cache
+
+
+TINY = ["tiny-llama", "tiny-gpt2", "tiny-qwen2"]
+
+
+@pytest.mark.parametrize("method", ["no_cross_attn", "hard_routing", "shuffled_experts"])
+def test_every_adapter_method_trains_on_tokens(fixture_tokens, tmp_path, method):
+    from musketeers.config import resolve_config
+    from musketeers.run.trainer import train
+
+    cfg = resolve_config(None, dict(
+        task="logic", team=None, experts=TINY, method=method, policy="tiny", budget="smoke",
+        steps=1, max_new_tokens=2, cache_dir=str(fixture_tokens), channel="tokens",
+        run_dir=str(tmp_path / method), dtype="float32", device="cpu", skip_no_signal=False))
+    train(cfg, plot=False)
+    (row,) = metrics(tmp_path / method)
+    assert row["loss"] is not None and row["grad_norm"] >= 0
+    assert ("utilisation" in row) == (method != "no_cross_attn")
