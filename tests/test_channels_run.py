@@ -111,7 +111,7 @@ def test_split_keeps_token_rows_and_reads_each_batch(planted_store, tmp_path, mo
     pooled = reader.read_vectors(cfg.cache_dir, cfg.task, "train", data.expert_names, "last")
     np.testing.assert_array_equal(x.states[:, 0].numpy(), pooled[0][[5, 2, 7]])
     sample = data.standardizer_sample(0)
-    assert sample[0].shape[0] == sum(i % 4 + 1 for i in range(len(data)))  # 64 rows < the cap
+    assert sample[0].shape[0] == sum(i % 4 + 1 for i in range(len(data)))  # 64 rows: the cap
     monkeypatch.setattr(data_mod, "STANDARDIZER_ROWS", 8)
     assert len(read.made[0].reads[-1]) == len(data)
     data.standardizer_sample(0)

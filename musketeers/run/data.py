@@ -27,8 +27,9 @@ from musketeers.tasks import read_checked_items
 
 HINTS_HEADER = "[Expert Hints]"
 # train rows whose token states fit standardize_experts' per-dimension statistics: a bounded
-# sample (each row holds ~100 tokens), so fitting never reads a whole split's tokens
-STANDARDIZER_ROWS = 256
+# sample (each row holds ~100 tokens: thousands of states per dimension), so fitting never
+# reads a whole split's tokens
+STANDARDIZER_ROWS = 64
 
 
 @dataclass
