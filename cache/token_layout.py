@@ -233,10 +233,14 @@ class ChunkedFlat:
     def __getitem__(self, key: slice) -> np.ndarray:
         lo, hi, _ = key.indices(self.shape[0])
         parts = []
-        for c, arr in enumerate(self.arrays):
+        first = max(int(np.searchsorted(self.starts, lo, side="right")) - 1, 0)
+        for c in range(first, len(self.arrays)):
+            if self.starts[c] >= hi:
+                break
             a, b = max(lo, self.starts[c]), min(hi, self.starts[c + 1])
             if a < b:
-                parts.append(_decode(arr[a - self.starts[c]:b - self.starts[c]], self.dtype))
+                parts.append(_decode(self.arrays[c][a - self.starts[c]:b - self.starts[c]],
+                                     self.dtype))
         return np.concatenate(parts) if parts else np.zeros((0, self.shape[1]), np.float32)
 
 

@@ -281,3 +281,17 @@ def test_a_layer_the_expert_lacks_is_one_line_naming_the_range(tmp_path):
     cache.mkdir()
     with pytest.raises(UserError, match=r"--token-states 5: .* pass a layer in -3\.\.2$"):
         build(cache, make_items(3), token_layers=(5,))
+
+
+def test_the_per_chunk_arrays_read_as_one_flat_array(tmp_path):
+    g = zarr.open_group(tmp_path / "s.zarr", mode="w").require_group("e")
+    u = token_layout.create_token_unit(g, "tokens", 1, 7, 3, "float32", 3, {"f": 1})
+    rng = np.random.default_rng(0)
+    rows = [rng.normal(size=(t, 3)).astype(np.float32) for t in (2, 0, 4, 1, 3, 0, 2)]
+    for c in range(3):
+        token_layout.write_chunk(u, c, rows[3 * c:3 * c + 3])
+    got, flat = token_layout.token_rows(u), np.concatenate(rows)
+    for lo in range(len(flat) + 1):  # slices within and across row chunks, empty ones too
+        for hi in range(lo, len(flat) + 1):
+            np.testing.assert_array_equal(got.flat[lo:hi], flat[lo:hi], err_msg=f"{lo}:{hi}")
+    assert [len(r) for r in got.rows(range(7))] == [2, 0, 4, 1, 3, 0, 2]
