@@ -118,10 +118,22 @@ def pad(seqs: list[list[int]], pad_id: int, side: str) -> tuple[torch.Tensor, to
 @torch.inference_mode()
 def forward_pool(backbone: Backbone, seqs: list[list[int]], rand: np.ndarray,
                  pad_id: int) -> dict:
-    """One backbone pass over a right-padded batch → every pooling (Eq. 5 and variants).
+    """One backbone pass over a right-padded batch → every pooling (Eq. 5 and variants)."""
+    return forward_states(backbone, seqs, rand, pad_id)[0]
+
+
+@torch.inference_mode()
+def forward_states(backbone: Backbone, seqs: list[list[int]], rand: np.ndarray, pad_id: int,
+                   layers: tuple[int, ...] = ()) -> tuple[dict, dict[int, list[np.ndarray]]]:
+    """One backbone pass over a right-padded batch → every pooling (Eq. 5 and variants), and
+    every real token's hidden state at each of ``layers`` ({layer: one [T_i, d] per prompt}).
 
     Right padding keeps every real token at its unpadded position, so no position ids are
     needed and causal attention never lets a real token see padding.
     """
     ids, mask = pad(seqs, pad_id, "right")
-    return pool_hidden_states(backbone(ids, mask), mask, torch.from_numpy(rand))
+    hidden = backbone(ids, mask)
+    pooled = pool_hidden_states(hidden, mask, torch.from_numpy(rand))
+    states = {k: [hidden[k][r, :len(s)].float().numpy() for r, s in enumerate(seqs)]
+              for k in layers}
+    return pooled, states

@@ -14,8 +14,9 @@ from typing import Any
 
 import zarr
 
-from musketeers.cache import layout
+from musketeers.cache import layout, token_layout
 from musketeers.cache.damage import unit_damage
+from musketeers.cache.store import disk_size
 from musketeers.cache.zarrio import Damaged, child, child_names
 
 
@@ -27,6 +28,18 @@ class Progress:
     complete: bool
     done: int | None = None
     chunks: int | None = None
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """One token unit of an expert unit (``token_layout``): its channel and layer, progress,
+    tokens stored and size on disk."""
+
+    channel: str
+    layer: int
+    rows: Progress | None  # None: damaged
+    tokens: int = 0
+    size: int = 0  # bytes on disk
 
 
 @dataclass(frozen=True)
@@ -42,6 +55,8 @@ class UnitInfo:
     rows: Progress | None = None
     hints: Progress | None = None  # None: no hints stored
     truncated: tuple[int, int] | None = None  # (prompts cut to the context, rows)
+    hint_accuracy: float | None = None  # mean score of its hints under the task's scorer
+    token_units: tuple[TokenInfo, ...] = ()
 
     @property
     def state(self) -> str:
@@ -90,11 +105,12 @@ def describe(path: Path) -> StoreInfo:
             info.items[split] = None
         for kind in child_names(sg):
             if kind in (layout.EXPERTS, layout.ROUTER):
-                info.units.extend(_units(sg, split, kind, info.unsealed))
+                info.units.extend(_units(sg, split, kind, info.unsealed, Path(path)))
     return info
 
 
-def _units(sg: zarr.Group, split: str, kind: str, unsealed: list[str]) -> list[UnitInfo]:
+def _units(sg: zarr.Group, split: str, kind: str, unsealed: list[str],
+           path: Path) -> list[UnitInfo]:
     try:
         container = child(sg, kind)
     except Damaged:
@@ -106,7 +122,8 @@ def _units(sg: zarr.Group, split: str, kind: str, unsealed: list[str]) -> list[U
             damage = unit_damage(g)
         except Damaged:
             g, damage = None, "unreadable metadata"
-        out.append(UnitInfo(split, kind, name, damage=damage) if damage else _unit(g, split, kind))
+        out.append(UnitInfo(split, kind, name, damage=damage) if damage else
+                   _unit(g, split, kind, path))
         if not damage:
             unsealed += [f"{g.path}" + ("" if flag == layout.DONE else f" ({flag})")
                          for flag in layout.unit_flags(g)
@@ -114,11 +131,45 @@ def _units(sg: zarr.Group, split: str, kind: str, unsealed: list[str]) -> list[U
     return out
 
 
-def _unit(g: zarr.Group, split: str, kind: str) -> UnitInfo:
+def _unit(g: zarr.Group, split: str, kind: str, path: Path) -> UnitInfo:
     n_layers, d, dtype = layout.expert_meta(g)
     return UnitInfo(split, kind, g.basename, n_layers=n_layers, d=d, dtype=dtype,
                     arrays=tuple(sorted(a for a in layout.unit_arrays(g) if a != layout.HINTS)),
-                    rows=_progress(g, layout.DONE), hints=_hints(g), truncated=_truncated(g))
+                    rows=_progress(g, layout.DONE), hints=_hints(g), truncated=_truncated(g),
+                    hint_accuracy=_hint_accuracy(g), token_units=_token_units(g, path))
+
+
+def _hint_accuracy(g: zarr.Group) -> float | None:
+    """The expert's own accuracy on the split: the mean score of its hints, once complete."""
+    if layout.HINT_SCORES not in g or not layout.hints_complete(g):
+        return None
+    try:
+        return float(g[layout.HINT_SCORES][:].mean())
+    except Exception:  # noqa: BLE001 - a corrupt chunk: ``cache verify`` reports it
+        return None
+
+
+def _token_units(g: zarr.Group, path: Path) -> tuple[TokenInfo, ...]:
+    out = []
+    for channel in token_layout.TOKEN_CHANNELS:
+        try:
+            layers = token_layout.stored_layers(g, channel)
+        except Damaged:
+            continue  # ``cache verify`` names it
+        for k in layers:
+            try:
+                u = token_layout.token_unit(g, channel, k)
+                damaged = token_layout.unit_damage(u) is not None
+            except Damaged:
+                u, damaged = None, True
+            size = disk_size(path / g.path / token_layout.token_path(channel, k))
+            if damaged:
+                out.append(TokenInfo(channel, k, None, size=size))
+                continue
+            flags = layout.done_flags(u)
+            progress = Progress(token_layout.is_complete(u), int(flags.sum()), len(flags))
+            out.append(TokenInfo(channel, k, progress, token_layout.size(u), size))
+    return tuple(out)
 
 
 def _progress(g: zarr.Group, flag: str) -> Progress:

@@ -46,6 +46,7 @@ EXPERT_ARRAYS = ("last", "first", "random", "layers_last", "layers_mean", "rando
                  "n_tokens", "truncated")
 ROUTER_ARRAYS = ("emb",)
 HINTS = "hints"
+HINT_SCORES = "hint_scores"  # each hint's reward under the task's scorer, in the hints unit
 DONE, HINTS_FLAG = "done", "hints_done"  # hints are their own unit: flags, then hints_complete
 FLAGS = (DONE, HINTS_FLAG)
 _COMPLETE = {DONE: "complete", HINTS_FLAG: "hints_complete"}  # what each unit's flags finish
@@ -243,10 +244,10 @@ def create_done(g: zarr.Group, n: int, chunk_rows: int, name: str = DONE) -> Non
                    fill_value=0, compressors=[Crc32cCodec()], overwrite=True)
 
 
-def add_hints(g: zarr.Group) -> None:
-    """Give an expert unit its hints unit. ``hints_done`` is created before ``hints``: a bare
-    ``hints`` array means a store from before hints had their own flags, when ``done`` covered
-    them, so its flags and completeness are adopted."""
+def add_hints(g: zarr.Group, scores: bool = False) -> None:
+    """Give an expert unit its hints unit (with ``hint_scores`` if ``scores``). ``hints_done``
+    is created before ``hints``: a bare ``hints`` array means a store from before hints had
+    their own flags, when ``done`` covered them, so its flags and completeness are adopted."""
     n, rows = g["n_tokens"].shape[0], g["n_tokens"].chunks[0]
     if HINTS_FLAG not in g:
         legacy = HINTS in g
@@ -256,6 +257,8 @@ def add_hints(g: zarr.Group) -> None:
             mark_complete(g, HINTS_FLAG, is_complete(g))
     if HINTS not in g:
         create_array(g, HINTS, (n,), str, rows)
+    if scores and HINT_SCORES not in g:
+        create_array(g, HINT_SCORES, (n,), "float32", rows)
 
 
 # --- progress and completeness ---------------------------------------------------------------
@@ -284,11 +287,13 @@ def unit_flags(g: zarr.Group) -> tuple[str, ...]:
 
 def unit_arrays(g: zarr.Group, flag: str = DONE) -> tuple[str, ...]:
     """The arrays whose chunks ``flag`` marks done: ``hints`` under ``hints_done``, the rest
-    under ``done`` (with ``hints`` too in stores from before hints had their own flags)."""
+    under ``done`` (with ``hints`` too in stores from before hints had their own flags), and
+    ``hint_scores`` with ``hints`` where they were scored."""
+    hints = (HINTS, HINT_SCORES)
     if flag == HINTS_FLAG:
-        return (HINTS,)
+        return tuple(k for k in hints if k in g)
     own_hints = HINTS_FLAG in g
-    return tuple(k for k in g.array_keys() if k not in FLAGS and not (own_hints and k == HINTS))
+    return tuple(k for k in g.array_keys() if k not in FLAGS and not (own_hints and k in hints))
 
 
 def is_complete(g: zarr.Group | None, flag: str = DONE) -> bool:

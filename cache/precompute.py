@@ -7,8 +7,8 @@ batch under ``torch.inference_mode`` and every pooling comes out of that one pas
 batches depend only on the chunk's own rows, a resumed or sharded run computes exactly the
 same bytes as an uninterrupted one.
 
-Truncation rule: a prompt longer than the expert's context (or ``max_length``) keeps its
-*last* tokens, where the question ends and the answer starts; it is counted in ``truncated``.
+What one chunk computes (poolings, prompt-token and answer states, hints) is ``compute``'s;
+the token units those states fill are ``channels``'.
 """
 
 from __future__ import annotations
@@ -26,7 +26,14 @@ import zarr
 
 from musketeers.cache import layout
 from musketeers.cache import store as st
-from musketeers.cache.backbone import Backbone, forward_pool, length_batches, pad, want_compile
+from musketeers.cache.backbone import Backbone, want_compile
+from musketeers.cache.channels import TokenUnits, resolve_layers, unit_fingerprint
+from musketeers.cache.compute import STATES, Scorer
+from musketeers.cache.compute import compute_hints as compute_hints  # re-exported
+from musketeers.cache.compute import compute_rows as compute_rows  # re-exported
+from musketeers.cache.compute import context_length as context_length  # re-exported
+from musketeers.cache.compute import greedy_hints as greedy_hints  # re-exported
+from musketeers.cache.compute import prompt_seqs as prompt_seqs  # re-exported
 from musketeers.cache.damage import unit_damage
 from musketeers.cache.devices import dtype_name
 from musketeers.cache.devices import resolve_device as resolve_device  # re-exported
@@ -41,9 +48,8 @@ from musketeers.cache.experts import (
     tokenizer_fingerprint,
 )
 from musketeers.cache.items import Item, items_fingerprint
-from musketeers.cache.pooling import random_positions
 from musketeers.cache.progress import progress
-from musketeers.cache.prompts import oracle_view, render_prompt
+from musketeers.cache.tokens import ANSWER, TOKENS
 from musketeers.cache.verify import corrupt_chunks
 from musketeers.cache.zarrio import Damaged, child, chunk_range, dense_writes, require_container
 
@@ -64,79 +70,32 @@ class PrecomputeConfig:
     force: bool = False
     router: bool = True
     compile: str = "auto"  # torch.compile the backbone: auto (large CUDA runs), on, off
-
-
-def context_length(model, max_length: int) -> int:
-    cfg = model.config
-    limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
-    return min(max_length, limit) if limit else max_length
-
-
-@torch.inference_mode()
-def greedy_hints(model, tokenizer, seqs: list[list[int]], max_new_tokens: int) -> list[str]:
-    """The expert's own greedy answer (output-level collaboration baseline), left-padded."""
-    device = next(model.parameters()).device
-    ids, mask = pad(seqs, tokenizer.pad_token_id, "left")
-    out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                         max_new_tokens=max_new_tokens, do_sample=False,
-                         pad_token_id=tokenizer.pad_token_id)
-    return tokenizer.batch_decode(out[:, ids.shape[1]:], skip_special_tokens=True)
-
-
-def prompt_seqs(tokenizer, items: list[Item], limit: int,
-                oracle: bool = False) -> tuple[list[list[int]], list[bool]]:
-    """Token ids per item under the truncation rule (keep the last ``limit``); which were cut.
-    An oracle expert reads each question with its gold answer (``oracle_view``)."""
-    seqs, truncated = [], []
-    for it in items:
-        ids = render_prompt(tokenizer, oracle_view(it) if oracle else it)
-        truncated.append(len(ids) > limit)
-        seqs.append(ids[-limit:])
-    return seqs, truncated
-
-
-def compute_rows(model, tokenizer, items: list[Item], rows: np.ndarray,
-                 cfg: PrecomputeConfig, backbone: Backbone | None = None,
-                 oracle: bool = False) -> tuple[dict, int]:
-    """Every pooled array for ``items`` (global row indices ``rows``), and the token count.
-
-    ``backbone`` is the model's (possibly compiled) backbone pass; by default the plain one.
-    """
-    backbone = backbone or Backbone(model)
-    seqs, truncated = prompt_seqs(tokenizer, items, context_length(model, cfg.max_length),
-                                  oracle)
-    n_tok = np.array([len(s) for s in seqs], dtype=np.int32)
-    rand = random_positions(rows, n_tok, cfg.seed)
-    out: dict = {"n_tokens": n_tok, "truncated": np.array(truncated), "random_pos": rand}
-    for batch in length_batches(n_tok.tolist(), cfg.batch_tokens):
-        pooled = forward_pool(backbone, [seqs[i] for i in batch], rand[batch],
-                              tokenizer.pad_token_id)
-        for k, v in pooled.items():
-            out.setdefault(k, np.zeros((len(items),) + v.shape[1:], np.float32))[batch] = v
-    return out, int(n_tok.sum())
-
-
-def compute_hints(model, tokenizer, items: list[Item], cfg: PrecomputeConfig,
-                  oracle: bool = False) -> tuple[dict, int]:
-    """The ``hints`` array for ``items``: greedy answers, batched like the poolings."""
-    seqs, _ = prompt_seqs(tokenizer, items, context_length(model, cfg.max_length), oracle)
-    hints = np.empty(len(items), dtype=object)
-    for batch in length_batches([len(s) for s in seqs], cfg.batch_tokens):
-        hints[batch] = greedy_hints(model, tokenizer, [seqs[i] for i in batch], cfg.hint_tokens)
-    return {"hints": hints}, sum(len(s) for s in seqs)
+    # hidden-state indices (-1 = last layer) whose every prompt token is stored (channel
+    # ``tokens``), and with ``hints`` every answer token too (``answer``)
+    token_layers: tuple[int, ...] = ()
+    scorer: Scorer | None = None  # the task's reward of a hint: stored as ``hint_scores``
 
 
 def run_chunks(g: zarr.Group, n: int, chunk_rows: int, dist: Dist, desc: str,
-               compute: Callable[[int, int], tuple[dict, int]], flag: str = layout.DONE) -> None:
-    """Compute this rank's unfinished chunks: arrays first, then the chunk's ``flag``."""
+               compute: Callable[[int, int], tuple[dict, int]], flag: str = layout.DONE,
+               side: TokenUnits | None = None) -> None:
+    """Compute this rank's unfinished chunks: arrays first, then the chunk's ``flag``; the
+    token ``side`` units take the states of the same pass, for the chunks they lack."""
     flags = layout.done_flags(g, flag)
     mine = dist.my_chunks(len(flags))
-    todo = [c for c in mine if not flags[c]]
+    lacking = side.todo() if side is not None else set()
+    todo = [c for c in mine if not flags[c] or c in lacking]
     total = sum(np.subtract(*chunk_range(c, n, chunk_rows)[::-1]) for c in todo)
     with progress(desc, total=int(total)) as bar:
         for c in todo:
             lo, hi = chunk_range(c, n, chunk_rows)
             arrays, tokens = compute(lo, hi)
+            states = arrays.pop(STATES, {})
+            if side is not None:
+                side.write(c, states)
+            if flags[c]:  # done before: its sealed bytes are kept
+                bar.advance(hi - lo, tokens=tokens)
+                continue
             for name, values in arrays.items():
                 refuse_non_finite(g, name, values, lo, hi)
                 g[name][lo:hi] = values
@@ -179,11 +138,21 @@ def prepare_group(split: zarr.Group, path: str, fingerprint: dict, cfg: Precompu
     return True
 
 
-def prepare_hints(g: zarr.Group) -> bool:
+def prepare_hints(g: zarr.Group, items: list[Item], scorer: Scorer | None = None) -> bool:
     """Whether the expert's hints need work. Hints are their own resumable unit (``hints``,
     ``hints_done`` flags, ``hints_complete``: ``layout.add_hints``), so adding them to a
-    complete expert runs only generation."""
-    layout.add_hints(g)
+    complete expert runs only generation. Hints stored unscored are scored from their text."""
+    unscored = scorer is not None and layout.HINT_SCORES not in g and layout.HINTS in g
+    layout.add_hints(g, scorer is not None)
+    if unscored and layout.HINTS_FLAG in g:
+        with dense_writes():
+            for c in np.flatnonzero(layout.done_flags(g, layout.HINTS_FLAG)).tolist():
+                lo, hi = chunk_range(c, len(items), g[layout.HINTS].chunks[0])
+                texts = g[layout.HINTS][lo:hi]
+                g[layout.HINT_SCORES][lo:hi] = [scorer(it, str(t))
+                                                for it, t in zip(items[lo:hi], texts, strict=True)]
+        if layout.is_complete(g, layout.HINTS_FLAG):  # else sealed when the rest is generated
+            layout.seal(g, layout.HINTS_FLAG)
     return _reopen_bad(g, layout.HINTS_FLAG)
 
 
@@ -265,6 +234,8 @@ def precompute_expert(root: zarr.Group, splits: dict[str, list[Item]], spec: Exp
     n_layers = model.config.get_text_config().num_hidden_layers
     d = model.config.get_text_config().hidden_size
     fix = rebuild(st.expert_arg(spec.name, spec.kind, spec.ref))
+    asked = resolve_layers(cfg.token_layers, n_layers, spec.name)
+    layers = tuple(asked)
     for split, items in splits.items():
         sg = root[split]
         fp = expert_fingerprint(spec, model, tokenizer, cfg, items_fingerprint(items))
@@ -275,23 +246,53 @@ def precompute_expert(root: zarr.Group, splits: dict[str, list[Item]], spec: Exp
 
         g, work = _prepare(sg, layout.expert_path(spec.name), fp, cfg, fix, make, dist)
         desc = f"{task}/{split} {spec.name}"
-        if work:
+        side = _token_units(g, TOKENS, asked, fp, cfg, dist)
+        if work or (side is not None and side.todo()):
             def compute(lo, hi, items=items):
                 return compute_rows(model, tokenizer, items[lo:hi], np.arange(lo, hi), cfg,
-                                    backbone, spec.oracle)
+                                    backbone, spec.oracle, layers=layers)
 
-            run_chunks(g, len(items), cfg.chunk_rows, dist, desc, compute)
-            finish(g, dist)
+            run_chunks(g, len(items), cfg.chunk_rows, dist, desc, compute, side=side)
+            if work:
+                finish(g, dist)
+            _finish_side(side, dist)
         else:
             log.info("%s: complete, skipped", desc)
-        if cfg.hints and dist.on_rank0(lambda g=g: prepare_hints(g)):
+        if not cfg.hints:
+            continue
+        work = dist.on_rank0(lambda g=g, items=items: prepare_hints(g, items, cfg.scorer))
+        g = zarr.open_group(g.store, path=g.path, mode="r+")  # sees rank 0's new arrays
+        side = _token_units(g, ANSWER, asked, fp, cfg, dist)
+        if work or (side is not None and side.todo()):
             def hints(lo, hi, items=items):
-                return compute_hints(model, tokenizer, items[lo:hi], cfg, spec.oracle)
+                return compute_hints(model, tokenizer, items[lo:hi], cfg, spec.oracle,
+                                     layers=layers)
 
-            g = zarr.open_group(g.store, path=g.path, mode="r+")  # sees rank 0's new arrays
             run_chunks(g, len(items), cfg.chunk_rows, dist, f"{desc} hints", hints,
-                       flag=layout.HINTS_FLAG)
-            finish(g, dist, layout.HINTS_FLAG)
+                       flag=layout.HINTS_FLAG, side=side)
+            if work:
+                finish(g, dist, layout.HINTS_FLAG)
+            _finish_side(side, dist)
+
+
+def _token_units(g: zarr.Group, channel: str, asked: dict[int, int], expert_fp: dict,
+                 cfg: PrecomputeConfig, dist: Dist) -> TokenUnits | None:
+    """The expert's token units of ``channel`` at the layers ``asked`` (rank 0 creates or
+    repairs them), None without ``--token-states``."""
+    if not asked:
+        return None
+    layers = tuple(asked)
+    extra = {"hint_tokens": cfg.hint_tokens} if channel == ANSWER else {}
+    fps = {k: unit_fingerprint(expert_fp, channel, k, extra) for k in layers}
+    paths = dist.on_rank0(lambda: TokenUnits.prepare(g, channel, layers, asked, fps,
+                                                     cfg.chunk_rows))
+    return TokenUnits.open(g.store, paths)
+
+
+def _finish_side(side: TokenUnits | None, dist: Dist) -> None:
+    if side is not None:
+        dist.barrier()
+        dist.on_rank0(side.finish)
 
 
 def _prepare(sg, path, fp, cfg, rebuild, make, dist: Dist):
@@ -341,7 +342,8 @@ def precompute_task(cache_dir: str | Path, task: str, task_spec: dict,
 
     team = ",".join(st.expert_arg(s.name, s.kind, s.ref) for s in specs) or None
 
-    options = st.build_options(cfg.chunk_rows, cfg.batch_tokens, dtype_name(cfg.dtype))
+    options = st.build_options(cfg.chunk_rows, cfg.batch_tokens, dtype_name(cfg.dtype),
+                               cfg.token_layers)
 
     def rebuild(experts: str | None = None) -> str:
         return st.precompute_command(task, experts or team, cache_dir, force=True, limit=limit,

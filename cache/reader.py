@@ -1,4 +1,5 @@
-"""What the trainer reads from a store: items, pooled vectors, router embeddings, hints.
+"""What the trainer reads from a store: items, pooled vectors, router embeddings, hints, and
+per-token states (``read_token_rows``).
 
 Every read refuses what it cannot trust (absent, incomplete, corrupt, swapped for other rows,
 non-finite) with a UserError naming the ``musketeers precompute`` command that fixes it.
@@ -17,11 +18,12 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from musketeers.cache import layout
+from musketeers.cache import layout, token_layout
 from musketeers.cache import store as st
 from musketeers.cache.damage import required_arrays, unit_damage
 from musketeers.cache.errors import UserError
 from musketeers.cache.items import Item
+from musketeers.cache.tokens import ANSWER, TokenRows
 from musketeers.cache.zarrio import (
     Damaged,
     child,
@@ -37,13 +39,19 @@ POOLINGS = ("last", "first_token", "random_token", "first_layer", "random_layer"
 
 
 def _fix(cache_dir: str | Path, task: str, experts: str | None = None, force: bool = False,
-         hints: bool = False) -> str:
-    """The command that repairs what was found, in this cache dir, at the store's size."""
+         hints: bool = False, token_layer: int | None = None) -> str:
+    """The command that repairs what was found (and adds ``token_layer``'s token states), in
+    this cache dir, at the store's size."""
     path = st.store_path(cache_dir, task)
     stored, has_hints = st.stored_experts(path)
     experts, hints = experts or stored, hints or has_hints
+    options = st.stored_options(path)
+    if token_layer is not None:
+        layers = (*st.stored_token_layers(path), token_layer)
+        options = (*(o for o in options if not o.startswith("--token-states")),
+                   *st.token_option(layers))
     return st.precompute_command(task, experts, cache_dir, force, st.store_limit(path), hints,
-                                 st.stored_options(path))
+                                 options)
 
 
 def rebuild_command(cache_dir: str | Path, task: str) -> str:
@@ -273,3 +281,53 @@ def read_hints(cache_dir: str | Path, task: str, split: str,
             _checked(g, cache_dir, task, arg, layout.HINTS_FLAG)
         cols.append(_read(hints, cache_dir, task, hints.path, arg))
     return [[str(c[i]) for c in cols] for i in range(len(cols[0]) if cols else 0)]
+
+
+def read_token_rows(cache_dir: str | Path, task: str, split: str, experts: list[str],
+                    channel: str, layer: int) -> list[TokenRows]:
+    """One ``TokenRows`` per expert, in ``experts`` order: every prompt token's (``tokens``) or
+    answer token's (``answer``) hidden state at ``layer`` (-1: each expert's last), sliced
+    lazily. Each unit's chunks are first checked against their crc and recorded digests."""
+    if channel not in token_layout.TOKEN_CHANNELS:
+        raise UserError(f"channel {channel!r} holds no token states; use one of "
+                        f"{', '.join(token_layout.TOKEN_CHANNELS)}")
+    root = open_store(cache_dir, task, experts, hints=channel == ANSWER)
+    out = []
+    for e in experts:
+        g = _expert_group(root, cache_dir, task, split, e)
+        arg = _expert_arg(g, e)
+        n_layers = layout.expert_meta(g)[0]
+        k = token_layout.resolve_layer(layer, n_layers) if isinstance(n_layers, int) else None
+        u = _member(lambda k=k, g=g: token_layout.token_unit(g, channel, k), cache_dir, task,
+                    arg) if k is not None else None
+        fix = _fix(cache_dir, task, arg, hints=channel == ANSWER, token_layer=layer)
+        if u is None or not token_layout.is_complete(u):
+            what = "no" if u is None else "incomplete"
+            raise UserError(f"expert {e!r} has {what} channel {channel!r} (token states) at "
+                            f"layer {layer} for {task}/{split}; run: {fix}")
+        out.append(_token_rows(u, cache_dir, task, arg, channel))
+    return out
+
+
+def _token_rows(u: zarr.Group, cache_dir: str | Path, task: str, arg: str,
+                channel: str) -> TokenRows:
+    """``u``'s rows once its structure is whole and every chunk decodes, is finite and hashes
+    to its recorded digest (``_checked`` for a token unit); a row without tokens is refused."""
+    start = time.perf_counter()
+    damage = token_layout.unit_damage(u)
+    bad = {} if damage else token_layout.bad_chunks(u)
+    if not damage and bad:
+        c, fault = next(iter(bad.items()))
+        damage = f"chunk {c}: {fault}"
+    if not damage and not isinstance(u.attrs.get(token_layout.SHA256), list):
+        damage = "no checksum manifest"
+    if damage:
+        raise _damaged(cache_dir, task, u.path, damage, arg, hints=channel == ANSWER)
+    rows = token_layout.token_rows(u)
+    if (empty := np.flatnonzero(rows.lengths() == 0)).size:
+        raise UserError(f"{u.path} in store {task} holds {empty.size} rows without tokens "
+                        f"(first {int(empty[0])}); rebuild it: "
+                        f"{_fix(cache_dir, task, arg, force=True, hints=channel == ANSWER)}")
+    log.info("%s/%s: %d token chunks checked in %.3f s", task, u.path,
+             u[layout.DONE].shape[0], time.perf_counter() - start)
+    return rows

@@ -20,7 +20,7 @@ from typing import Any
 
 import zarr
 
-from musketeers.cache import layout
+from musketeers.cache import layout, token_layout
 from musketeers.cache.errors import UserError
 from musketeers.cache.layout import FORMAT_VERSION as FORMAT_VERSION  # re-exported
 from musketeers.cache.layout import (  # re-exported: tests/test_store_format.py pins it here
@@ -119,15 +119,34 @@ def verify_command(task: str, cache_dir: str | Path | None = None) -> str:
     return f"musketeers cache verify {shlex.quote(task)}{where}"
 
 
-def build_options(chunk_rows: int, batch_tokens: int, dtype: str | None) -> tuple[str, ...]:
+def build_options(chunk_rows: int, batch_tokens: int, dtype: str | None,
+                  token_layers: tuple[int, ...] = ()) -> tuple[str, ...]:
     """Precompute options that enter an expert's fingerprint: ``--dtype``, and the chunking
-    and batching where they are not the defaults."""
+    and batching where they are not the defaults; and the token states' layers, if any."""
     out = [f"--dtype {dtype}"] if dtype else []
     if chunk_rows != layout.CHUNK_ROWS:
         out.append(f"--chunk-rows {chunk_rows}")
     if batch_tokens != layout.BATCH_TOKENS:
         out.append(f"--batch-tokens {batch_tokens}")
-    return tuple(out)
+    return tuple(out) + token_option(token_layers)
+
+
+def token_option(layers: tuple[int, ...] | list[int]) -> tuple[str, ...]:
+    """``--token-states`` for these layers ('=' keeps a negative layer a value), or ()."""
+    return (f"--token-states={','.join(map(str, dict.fromkeys(layers)))}",) if layers else ()
+
+
+def stored_token_layers(path: Path) -> tuple[int, ...]:
+    """The layers (as asked for) of every token unit a store's experts hold."""
+    asked: dict[int, None] = {}
+    for name, experts in _listed_experts(path):
+        try:
+            for u in token_layout.token_units(experts[name]):
+                if isinstance(k := u.attrs.get("asked"), int):
+                    asked[k] = None
+        except Exception:  # noqa: BLE001 - a damaged group says nothing
+            continue
+    return tuple(sorted(asked))
 
 
 def _listed_experts(path: Path) -> Iterator[tuple[str, Any]]:
@@ -154,7 +173,7 @@ def stored_options(path: Path) -> tuple[str, ...]:
         if isinstance(pooling, dict):
             return build_options(int(pooling.get("chunk_rows", layout.CHUNK_ROWS)),
                                  int(pooling.get("batch_tokens", layout.BATCH_TOKENS)),
-                                 fp.get("dtype"))
+                                 fp.get("dtype"), stored_token_layers(path))
     return ()
 
 

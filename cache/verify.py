@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from musketeers.cache import layout
+from musketeers.cache import layout, token_layout
 from musketeers.cache.damage import unit_damage
 from musketeers.cache.zarrio import (
     Damaged,
@@ -92,8 +92,45 @@ def verify_group(g: zarr.Group, progress_tracked: bool,
         return [Problem(g.path, damage)]
     if not progress_tracked:
         return _verify_unit(g, tuple(sorted(g.array_keys())), None, notes)
-    return [p for flag in layout.unit_flags(g)
-            for p in _verify_unit(g, layout.unit_arrays(g, flag), flag, notes)]
+    problems = [p for flag in layout.unit_flags(g)
+                for p in _verify_unit(g, layout.unit_arrays(g, flag), flag, notes)]
+    if layout.unit_kind(g) == layout.EXPERTS:
+        problems += _verify_token_units(g, notes)
+    return problems
+
+
+def _verify_token_units(g: zarr.Group, notes: list[Problem]) -> list[Problem]:
+    """The problems of an expert unit's token units (``token_layout``): damage, finished chunks
+    that are absent, corrupt, non-finite or differ from their digests, completeness."""
+    problems = []
+    for channel in token_layout.TOKEN_CHANNELS:
+        try:
+            units = [token_layout.token_unit(g, channel, k)
+                     for k in token_layout.stored_layers(g, channel)]
+        except Damaged as exc:
+            problems.append(Problem(exc.where, "unreadable metadata"))
+            continue
+        for u in units:
+            if damage := token_layout.unit_damage(u):
+                problems.append(Problem(u.path, damage))
+                continue
+            flags = layout.done_flags(u)
+            rows = u[token_layout.LENGTHS]
+            for c, fault in sorted(token_layout.bad_chunks(u).items()):
+                lo, hi = chunk_range(c, rows.shape[0], rows.chunks[0])
+                problems.append(Problem(f"{u.path}/{token_layout.FLAT}/{c}",
+                                        f"{fault} chunk {c}, rows {lo}:{hi}"))
+            if not token_layout.is_complete(u):
+                problems.append(Problem(u.path, f"incomplete ({int(flags.sum())}/{len(flags)} "
+                                                "chunks done)"))
+            elif not flags.all():
+                lost = [int(c) for c in np.flatnonzero(flags == 0)]
+                problems.append(Problem(u.path, f"marked complete but chunks {lost} are not "
+                                                "done"))
+            elif not isinstance(u.attrs.get(token_layout.SHA256), list):
+                notes.append(Problem(u.path, "no checksum manifest: a chunk swapped for another "
+                                             "valid one is not detected"))
+    return problems
 
 
 def _verify_unit(g: zarr.Group, names: tuple[str, ...], flag: str | None,

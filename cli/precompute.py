@@ -37,6 +37,10 @@ def precompute(
     dtype: Annotated[str, typer.Option(
         help="auto, float32, bfloat16 or float16 (as train's --dtype)")] = "auto",
     hints: Annotated[bool, typer.Option(help="also store each expert's greedy answer")] = False,
+    token_states: Annotated[str | None, typer.Option(
+        help="comma-separated layers (0 = embeddings, -1 = last; write --token-states=-1): "
+             "also store every prompt token's hidden state there, and with --hints every "
+             "answer token's")] = None,
     force: Annotated[bool, typer.Option(help="rebuild what differs instead of refusing")] = False,
     gsm8k_dir: Annotated[
         Path | None, typer.Option(help="GSM8K jsonl folder (env MUSKETEERS_GSM8K_DIR)")
@@ -63,8 +67,18 @@ def precompute(
     precompute_features(
         task, team=team, roster=roster, experts=names, team_file=team_file, limit=limit,
         cache_dir=cache_dir, device=device, dtype=dtype, hints=hints, force=force,
+        token_layers=parse_layers(token_states),
         gsm8k_dir=gsm8k_dir, batch_tokens=batch_tokens, chunk_rows=chunk_rows,
         router=not no_router, compile=compile)
+
+
+def parse_layers(text: str | None) -> tuple[int, ...]:
+    """``--token-states`` as layer indices; a one-line error naming the form it takes."""
+    try:
+        return tuple(int(k) for k in text.split(",") if k.strip()) if text else ()
+    except ValueError:
+        raise UserError(f"--token-states {text!r}: pass comma-separated layer indices, e.g. "
+                        "--token-states 12 or --token-states=-1") from None
 
 
 def _store_paths(task: str | None, cache_dir: Path | None) -> list[Path]:
@@ -108,21 +122,43 @@ def info(task: Annotated[str | None, typer.Argument()] = None, cache_dir: CacheD
         table = Table(title=f"{path} ({human_size(disk_size(path))}, "
                             f"format {store.format_version})")
         for col in ("split", "items", "group", "d", "layers", "dtype", "arrays", "complete",
-                    "hints", "truncated"):
+                    "hints", "hint accuracy", "truncated"):
             table.add_column(col)
         for u in store.units:
             n = store.items.get(u.split, "?")
             items = "-" if n is None else str(n)
             if u.state == "damaged":
                 table.add_row(u.split, items, f"{u.kind}/{u.name}", *["-"] * 4, "DAMAGED", "-",
-                              "-")
+                              "-", "-")
                 continue
             table.add_row(u.split, items, f"{u.kind}/{u.name}", _attr(u.d), _attr(u.n_layers),
                           _attr(u.dtype), ",".join(u.arrays), _state(u.rows), _state(u.hints),
-                          _truncated(u.truncated))
+                          _accuracy(u.hint_accuracy), _truncated(u.truncated))
         console.print(table)
+        if any(u.token_units for u in store.units):
+            console.print(_token_table(store))
         if store.unsealed:
             typer.echo(f"{path.name}: WARNING: {_unsealed(store.unsealed, path, cache_dir)}")
+
+
+def _token_table(store):
+    """Each expert's token units (channels ``tokens`` and ``answer``) with their size on disk."""
+    from rich.table import Table
+
+    table = Table(title="token states")
+    for col in ("split", "expert", "channel", "layer", "complete", "tokens", "size"):
+        table.add_column(col)
+    for u in store.units:
+        for t in u.token_units:
+            table.add_row(u.split, u.name, t.channel, str(t.layer),
+                          "DAMAGED" if t.rows is None else _state(t.rows), str(t.tokens),
+                          human_size(t.size))
+    return table
+
+
+def _accuracy(value: float | None) -> str:
+    """An expert's own accuracy on the split (its hints' mean score), ``-`` where unscored."""
+    return "-" if value is None else f"{100 * value:.1f}%"
 
 
 def _irregular(path: Path) -> str | None:

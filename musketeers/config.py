@@ -7,7 +7,6 @@ explicit CLI options. The resolved config is saved as ``runs/<name>/config.yaml`
 
 from __future__ import annotations
 
-import math
 import os
 import types
 import typing
@@ -20,6 +19,7 @@ import yaml
 
 from musketeers.budgets import BUDGETS
 from musketeers.cache.errors import UserError
+from musketeers.config_checks import validate
 
 SCHEDULERS = ("constant", "linear", "cosine")
 # "auto": bfloat16 where the device computes it natively (CUDA; a CPU with avx512_bf16 or
@@ -130,6 +130,14 @@ class TrainConfig:
     context_scale: str = opt("init", cli=True,
                              help="C's scale: init (Eq. 11 as written, near zero at first) or "
                                   "embedding (each token at the policy's embedding rms)")
+    # what the adapter's keys and values are (musketeers.cache.tokens.CHANNELS); a token
+    # channel reads the states stored at one layer (precompute --token-states)
+    channel: str = opt("pooled", cli=True,
+                       help="what the adapter reads of each expert: pooled (one vector, the "
+                            "paper's), tokens (every prompt token) or answer (every token of "
+                            "its own greedy answer)")
+    token_layer: int = opt(-1, cli=True, help="the hidden-state layer a token channel reads "
+                                              "(-1: each expert's last, 0: embeddings)")
     standardize_experts: bool = opt(
         False, cli="--standardize-experts/--no-standardize-experts",
         help="centre and scale each expert dimension by the train split's statistics "
@@ -173,8 +181,10 @@ class TrainConfig:
         from musketeers.cache.untrusted import safe_name
         if self.run_dir:
             return Path(self.run_dir)
-        name = (f"{store_name(self.task)}-{self.team or 'custom'}-{self.method}-"
-                f"{self.pooling.replace(':', '')}-s{self.seed}")
+        # the paper's channel keeps its old names; another channel is part of the run's name
+        read = self.pooling.replace(':', '') if self.channel == "pooled" else (
+            f"{self.channel}{self.token_layer}")
+        name = f"{store_name(self.task)}-{self.team or 'custom'}-{self.method}-{read}-s{self.seed}"
         return Path("runs") / safe_name(name, "run name", "pass plain --team/--method/"
                                         "--pooling values, or --run-dir")
 
@@ -287,66 +297,6 @@ def apply_overrides(cfg: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
     return TrainConfig(**values)
 
 
-def _one_of(name: str, value: str, valid: typing.Iterable[str]) -> None:
-    valid = tuple(valid)
-    if value not in valid:
-        raise UserError(f"unknown {name} '{value}'; valid: {', '.join(valid)}")
-
-
-def validate(cfg: TrainConfig) -> None:
-    """Names against the registries of the other modules; sizes positive. UserError if not."""
-    from musketeers.cache.reader import POOLINGS
-    from musketeers.method.grpo import ADVANTAGES, LOSS_NORMS, REWARD_NORMS
-    from musketeers.method.methods import names as method_names
-    from musketeers.tasks import EXTRACTIONS, check_task
-
-    check_task(cfg.task)
-    _one_of("method", cfg.method, method_names())
-    if not (cfg.pooling in POOLINGS or (cfg.pooling.startswith("layer:")
-                                        and cfg.pooling[6:].isdigit())):
-        raise UserError(f"unknown pooling '{cfg.pooling}'; valid: {', '.join(POOLINGS)}, layer:K")
-    _one_of("budget", cfg.budget, BUDGETS)
-    _one_of("advantage", cfg.advantage, ADVANTAGES)
-    _one_of("reward_norm", cfg.reward_norm, REWARD_NORMS)
-    _one_of("loss_norm", cfg.loss_norm, LOSS_NORMS)
-    _one_of("scheduler", cfg.scheduler, SCHEDULERS)
-    _one_of("dtype", cfg.dtype, DTYPES)
-    _one_of("context_position", cfg.context_position, CONTEXT_POSITIONS)
-    _one_of("extraction", cfg.extraction, EXTRACTIONS)
-    for key in ("steps", "prompts_per_micro", "grad_accum", "group_size", "max_new_tokens",
-                "latents", "d_model", "heads", "inner_iters", "lora_r", "save_every"):
-        if getattr(cfg, key) < 1:
-            raise UserError(f"config key '{key}' must be >= 1, got {getattr(cfg, key)}")
-    if cfg.decode_prompts < 0:
-        raise UserError(f"config key 'decode_prompts' must be >= 0, got {cfg.decode_prompts}")
-    if not 0 <= cfg.seed < 2**32:  # numpy's seeding refuses anything else deep in the run
-        raise UserError(f"config key 'seed' must be in [0, 2**32), got {cfg.seed}")
-    for key, most in SIZE_LIMITS.items():
-        if getattr(cfg, key) > most:
-            raise UserError(f"config key '{key}' must be <= {most}, got {getattr(cfg, key)}; "
-                            "no run of this project needs more")
-    _check_device(cfg.device)
-    if cfg.threads is not None and cfg.threads < 1:
-        raise UserError(f"config key 'threads' must be >= 1, got {cfg.threads}")
-    for key in ("no_context_every", "adapter_warmup", "adapter_warmup_batch"):
-        if getattr(cfg, key) < 0:
-            raise UserError(f"config key '{key}' must be >= 0, got {getattr(cfg, key)}")
-    if cfg.eval_limit is not None and cfg.eval_limit < 1:
-        raise UserError(f"config key 'eval_limit' must be >= 1, got {cfg.eval_limit}")
-    _one_of("context_scale", cfg.context_scale, CONTEXT_SCALES)
-    for key in ("beta", "lr", "adapter_lr", "adapter_warmup_lr", "warmup_policy_lr",
-                "weight_decay", "grad_clip", "clip_low", "clip_high", "adam_eps", "temperature"):
-        # NaN compares false with everything: one update with lr nan makes every weight NaN
-        if not math.isfinite(getattr(cfg, key)) or getattr(cfg, key) < 0:
-            raise UserError(f"config key '{key}' must be a finite number >= 0, got "
-                            f"{getattr(cfg, key)}")
-    if not cfg.temperature > 0:  # sampling and log-probs divide the logits by it
-        raise UserError(f"config key 'temperature' must be > 0, got {cfg.temperature}")
-    if cfg.d_model % cfg.heads:
-        raise UserError(f"config key 'd_model' ({cfg.d_model}) must be a multiple of 'heads' "
-                        f"({cfg.heads})")
-
-
 def torch_dtype_name(dtype: str, device: str) -> str:
     """The dtype a run computes in: ``auto`` resolved by the device (see DTYPES), on the
     machine that runs it, so a config saved as ``auto`` stays portable across CPUs."""
@@ -355,25 +305,6 @@ def torch_dtype_name(dtype: str, device: str) -> str:
     from musketeers.cache.devices import dtype_name, resolve_dtype  # precompute's own rule
 
     return dtype_name(resolve_dtype("auto", device))
-
-
-def _check_device(device: str) -> None:
-    """A device torch knows and this machine has (checked before any model loads)."""
-    import torch
-
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError):
-        raise UserError(f"unknown device '{device}'; pass --device cpu, cuda or cuda:N") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise UserError(f"device '{device}' needs CUDA, which this machine lacks; "
-                            "pass --device cpu")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise UserError(f"device '{device}': this machine has {torch.cuda.device_count()} "
-                            "CUDA device(s); pass --device cuda:0 or cpu")
-    elif dev.type == "mps" and not torch.backends.mps.is_available():
-        raise UserError(f"device '{device}' is not available here; pass --device cpu")
 
 
 def save_config(cfg: TrainConfig, path: Path) -> None:

@@ -24,7 +24,8 @@ NAMES = {"task": "arithmetic", "team": "naive", "roster": "tiny", "team_file": "
          "cache_dir": "elsewhere", "run_dir": "runs/x", "scheduler": "cosine",
          "advantage": "loo", "reward_norm": "task", "loss_norm": "sequence",
          "context_position": "after_prompt", "extraction": "lenient", "device": "cpu:0",
-         "dtype": "float32", "experts": ["tiny-llama", "tiny-gpt2"], "context_scale": "embedding"}
+         "dtype": "float32", "experts": ["tiny-llama", "tiny-gpt2"], "context_scale": "embedding",
+         "channel": "tokens"}
 # a grid names a run's seed in its own ``seeds`` list (a run per seed), not in ``defaults``
 GRID_KEY = {"seed": "seeds"}
 

@@ -35,21 +35,21 @@ def greedy_exact(cfg, policy, adapter, data, n: int, mode: str) -> list[bool]:
     """Greedy exact, item by item, on the first ``n`` items: C from each item's vectors
     (``own``), from another item's (``shuffled``), or no C (``none``)."""
     rows = torch.arange(min(n, len(data)))
-    items, vectors, router = data.batch(rows)
-    if mode == "shuffled":
-        perm = derangement(len(rows), 0)
-        vectors = [v[perm] for v in vectors]
+    # C's rows: the item's own, or another's; read per slice, so a token channel's states
+    # are padded per 32 items, never for the whole evaluation at once
+    source = derangement(len(rows), 0) if mode == "shuffled" else rows
     right: list[bool] = []
-    for lo in range(0, len(items), 32):
-        sl = slice(lo, lo + 32)
+    for lo in range(0, len(rows), 32):
+        items, _, _ = data.batch(rows[lo:lo + 32])
         ctx = None
         if mode != "none":
+            _, vectors, _ = data.batch(source[lo:lo + 32])
             with torch.no_grad():
-                ctx, _ = adapter_context(adapter, [v[sl] for v in vectors], None, cfg.device)
-        comps = policy.generate(policy.encode_prompts(items[sl]), ctx, group_size=1,
+                ctx, _ = adapter_context(adapter, vectors, None, cfg.device)
+        comps = policy.generate(policy.encode_prompts(items), ctx, group_size=1,
                                 max_new_tokens=cfg.max_new_tokens, greedy=True)
         right += [policy_score(it, policy.decode(c), cfg.extraction) >= 1.0
-                  for it, c in zip(items[sl], comps, strict=True)]
+                  for it, c in zip(items, comps, strict=True)]
     return right
 
 
@@ -70,6 +70,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--context-scale", default="embedding")
     ap.add_argument("--pooling", default="last", help="the experts' pooling (as train's)")
+    ap.add_argument("--channel", default="pooled", help="pooled, tokens or answer (as train's)")
+    ap.add_argument("--token-layer", type=int, default=-1, help="a token channel's layer")
     ap.add_argument("--standardize", action="store_true",
                     help="centre and scale the expert vectors first (standardize_experts)")
     ap.add_argument("--dtype", default="auto")
@@ -83,7 +85,8 @@ def main(argv: list[str] | None = None) -> dict:
         task=args.task, team=args.team, cache_dir=args.cache_dir, policy=args.policy,
         budget="pocket", extraction="lenient", context_scale=args.context_scale,
         dtype=args.dtype, seed=args.seed, run_dir="runs/channel",
-        standardize_experts=args.standardize, pooling=args.pooling, adapter_warmup=args.steps,
+        standardize_experts=args.standardize, pooling=args.pooling, channel=args.channel,
+        token_layer=args.token_layer, adapter_warmup=args.steps,
         adapter_warmup_lr=args.lr, adapter_warmup_batch=args.batch,
         warmup_policy_lr=args.warmup_policy_lr))
     train, policy, adapter = build_components(cfg, "train")
@@ -96,7 +99,7 @@ def main(argv: list[str] | None = None) -> dict:
     adapter.eval()
     out = {"task": args.task, "team": args.team, "steps": args.steps, "batch": args.batch,
            "lr": args.lr, "context_scale": args.context_scale, "eval_items": args.eval_items,
-           "standardize": args.standardize, "pooling": args.pooling,
+           "standardize": args.standardize, "pooling": args.pooling, "channel": args.channel,
            "warmup_policy_lr": args.warmup_policy_lr,
            "nll_first10": sum(nll[:10]) / 10, "nll_last10": sum(nll[-10:]) / 10}
     right = {m: greedy_exact(cfg, policy, adapter, val, args.eval_items, m)

@@ -3,8 +3,18 @@
 Every adapter maps the pooled expert vectors h_i (one [B, d_i] tensor per expert, Eq. 5, read
 from the cache) to context tokens C [B, m, d_policy] that the policy reads through
 ``inputs_embeds``, plus the matrix A [B, m, n] that shows how the m tokens draw on the n experts
-(Eq. 15's observable). The methods that use them, and the controls, are declared in
-``musketeers.method.methods``:
+(Eq. 15's observable).
+
+With a token channel (``tokens``, ``answer``) an expert gives a set of token states instead
+(``ExpertTokens``: [B, T_i, d_i] and a padding mask). Each token goes through its own expert's
+W_i (Eq. 6: that is its expert identity; no learned identity embedding and no position is added,
+so an expert with one token is exactly the pooled case) and carries its expert's index, the
+Perceiver's keys are every real token of every expert (Eq. 10 with a key mask), and A sums the
+attention over each expert's tokens (``routing.expert_attention``), so Eq. 15's H and u_i keep
+their meaning. ``no_cross_attn`` and ``hard_routing`` read one vector per expert: with tokens,
+the masked mean of its projected tokens (``masked_mean``).
+
+The methods that use them, and the controls, are declared in ``musketeers.method.methods``:
 
 - ``perceiver``      ours: m latent queries cross-attend over the aligned experts (Eq. 8–11)
 - ``no_cross_attn``  Eq. 14: the token-wise FFN over the stacked V, one token per expert
@@ -24,6 +34,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from musketeers.method.expert_tokens import ExpertInput, ExpertTokens
+from musketeers.method.routing import expert_attention
+
+__all__ = ["AdapterOutput", "ExpertAlignment", "ExpertInput", "ExpertTokens", "FFN",
+           "HardRoutingAdapter", "NoCrossAttnAdapter", "OutputProjection", "PerceiverAdapter",
+           "cross_attention", "masked_mean"]
 
 
 @dataclass
@@ -104,40 +121,89 @@ class ExpertAlignment(nn.Module):
             getattr(self, f"mean_{i}").copy_(h.mean(0))
             getattr(self, f"std_{i}").copy_(h.std(0).clamp_min(1e-6))
 
-    def forward(self, vectors: list[torch.Tensor]) -> torch.Tensor:
-        """[B, d_i] per expert → V [B, n, d]."""
-        if len(vectors) != len(self.proj):
-            raise ValueError(f"expected {len(self.proj)} expert vectors, got {len(vectors)}")
-        dtype = self.proj[0].weight.dtype
-        z = []
-        for i, (h, w) in enumerate(zip(vectors, self.proj, strict=True)):
-            if h.ndim != 2 or h.shape[1] != self.expert_dims[i]:
+    def project(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        """Eq. 6 for expert i: z = h W_i over the last axis ([B, d_i] pooled, [B, T, d_i]
+        tokens: every token alike), standardized first when asked."""
+        if self.standardize:
+            h = (h.float() - getattr(self, f"mean_{i}")) / getattr(self, f"std_{i}")
+        return self.proj[i](h.to(self.proj[0].weight.dtype))
+
+    def _checked(self, inputs: list[ExpertInput]) -> list[ExpertInput]:
+        if len(inputs) != len(self.proj):
+            raise ValueError(f"expected {len(self.proj)} expert vectors, got {len(inputs)}")
+        for i, x in enumerate(inputs):
+            h, want = (x.states, 3) if isinstance(x, ExpertTokens) else (x, 2)
+            if h.ndim != want or h.shape[-1] != self.expert_dims[i]:
+                shape = "[B, T, " if want == 3 else "[B, "
                 raise ValueError(
-                    f"expert {i}: expected [B, {self.expert_dims[i]}], got {list(h.shape)}"
+                    f"expert {i}: expected {shape}{self.expert_dims[i]}], got {list(h.shape)}"
                 )
-            if self.standardize:
-                h = (h.float() - getattr(self, f"mean_{i}")) / getattr(self, f"std_{i}")
-            z.append(w(h.to(dtype)))
+        return inputs
+
+    def tokens(self, inputs: list[ExpertInput]
+               ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Eq. 6–7 over every token: each expert's tokens through its own W_i, concatenated
+        along the token axis → (V [B, T, d], key mask [B, T] or None when every slot is real,
+        expert [T]: the expert each slot belongs to). Pooled inputs are one token each, so
+        this is Eq. 7's V = (z_1, …, z_n) with T = n."""
+        inputs = self._checked(inputs)
+        zs, masks, owner = [], [], []
+        for i, x in enumerate(inputs):
+            if isinstance(x, ExpertTokens):
+                zs.append(self.project(i, x.states))
+                masks.append(x.mask)
+            else:
+                zs.append(self.project(i, x).unsqueeze(1))
+                masks.append(None)
+            owner.append(torch.full((zs[-1].shape[1],), i, dtype=torch.long))
+        v = torch.cat(zs, dim=1)
+        mask = None
+        if any(m is not None for m in masks):
+            mask = torch.cat([m if m is not None else
+                              torch.ones(z.shape[:2], dtype=torch.bool, device=z.device)
+                              for m, z in zip(masks, zs, strict=True)], dim=1)
+        return v, mask, torch.cat(owner).to(v.device)
+
+    def forward(self, inputs: list[ExpertInput]) -> torch.Tensor:
+        """Eq. 6–7, one vector per expert → V [B, n, d]: a pooled input's z_i, or the masked
+        mean of an expert's projected tokens (what no_cross_attn and hard_routing read)."""
+        inputs = self._checked(inputs)
+        z = [masked_mean(self.project(i, x.states), x.mask) if isinstance(x, ExpertTokens)
+             else self.project(i, x) for i, x in enumerate(inputs)]
         return torch.stack(z, dim=1)
 
 
-def cross_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eq. 10's inner term softmax(Q Kᵀ / √d_head) V', split over ``heads`` heads.
+def masked_mean(z: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mean over an expert's real tokens: z [B, T, d], mask [B, T] → [B, d]. Padding
+    weighs exactly 0; a row without a real token gives 0 (the reader refuses such rows)."""
+    w = mask.to(z.dtype).unsqueeze(-1)
+    return (z * w).sum(dim=1) / w.sum(dim=1).clamp_min(1.0)
 
-    q [B, m, d], k and v [B, n, d] → (output [B, m, d] with the heads concatenated, A [B, m, n]
-    averaged over heads). The paper writes √d; we scale each head by √d_head, the standard
+
+def cross_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int,
+    key_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 10's inner term softmax(Q Kᵀ / √d_head) V', split over ``heads`` heads, with an
+    optional key mask.
+
+    q [B, m, d], k and v [B, T, d], key_mask [B, T] bool (False: padding, which gets weight
+    exactly 0) → (output [B, m, d] with the heads concatenated, weights [B, m, T] averaged over
+    heads; rows sum to 1). The paper writes √d; we scale each head by √d_head, the standard
     multi-head choice (Vaswani et al.), so the logits' scale does not shrink as heads are added.
-    Written out rather than with F.scaled_dot_product_attention because A itself is an output.
+    Written out rather than with F.scaled_dot_product_attention because the weights are an
+    output (Eq. 15 reads them).
     """
     b, m, d = q.shape
-    n = k.shape[1]
+    t = k.shape[1]
     d_head = d // heads
     qh = q.view(b, m, heads, d_head).transpose(1, 2)  # [B, h, m, d_head]
-    kh = k.view(b, n, heads, d_head).transpose(1, 2)  # [B, h, n, d_head]
-    vh = v.view(b, n, heads, d_head).transpose(1, 2)
-    weights = torch.softmax(qh @ kh.transpose(-1, -2) / math.sqrt(d_head), dim=-1)  # [B,h,m,n]
+    kh = k.view(b, t, heads, d_head).transpose(1, 2)  # [B, h, T, d_head]
+    vh = v.view(b, t, heads, d_head).transpose(1, 2)
+    logits = qh @ kh.transpose(-1, -2) / math.sqrt(d_head)  # [B, h, m, T]
+    if key_mask is not None:
+        logits = logits.masked_fill(~key_mask[:, None, None, :], float("-inf"))
+    weights = torch.softmax(logits, dim=-1)
     out = (weights @ vh).transpose(1, 2).reshape(b, m, d)
     return out, weights.mean(dim=1)
 
@@ -176,24 +242,30 @@ class PerceiverAdapter(nn.Module):
         self.ffn = FFN(d_model)
         self.out = OutputProjection(d_model, d_policy, out_init_std, target_rms)
 
-    def latent_attention(self, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def latent_attention(self, v: torch.Tensor, key_mask: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
         """Eq. 9–10: C' = FFN(Q_lat + softmax(Q Kᵀ/√d_head) V') with Q = Q_lat W_Q, K = V W_K,
-        V' = V W_V. V [B, n, d] → (C' [B, m, d], A [B, m, n])."""
+        V' = V W_V, padding keys masked. V [B, T, d] → (C' [B, m, d], weights [B, m, T])."""
         q_lat = self.latents.unsqueeze(0).expand(v.shape[0], -1, -1)
-        attended, a = cross_attention(self.w_q(q_lat), self.w_k(v), self.w_v(v), self.heads)
-        return self.ffn(q_lat + attended), a
+        attended, w = cross_attention(self.w_q(q_lat), self.w_k(v), self.w_v(v), self.heads,
+                                      key_mask)
+        return self.ffn(q_lat + attended), w
 
     def forward(
-        self, vectors: list[torch.Tensor], router_emb: torch.Tensor | None = None
+        self, vectors: list[ExpertInput], router_emb: torch.Tensor | None = None
     ) -> AdapterOutput:
-        c_prime, a = self.latent_attention(self.align(vectors))
+        v, key_mask, owner = self.align.tokens(vectors)
+        c_prime, weights = self.latent_attention(v, key_mask)
+        a = expert_attention(weights, owner, len(self.align.proj))
         return AdapterOutput(context=self.out(c_prime), attention=a)
 
 
 class NoCrossAttnAdapter(nn.Module):
     """Ablation (Eq. 14): g_φ = FFN(V), then Eq. 11's projection → one context token per expert.
 
-    There is no attention, so A is None: this variant has no routing observable.
+    There is no attention, so A is None: this variant has no routing observable. With a token
+    channel each expert's V entry is the masked mean of its projected tokens (Eq. 6 per token,
+    then the mean over real tokens): still one context token per expert.
     """
 
     def __init__(
@@ -213,7 +285,7 @@ class NoCrossAttnAdapter(nn.Module):
         self.out = OutputProjection(d_model, d_policy, out_init_std, target_rms)
 
     def forward(
-        self, vectors: list[torch.Tensor], router_emb: torch.Tensor | None = None
+        self, vectors: list[ExpertInput], router_emb: torch.Tensor | None = None
     ) -> AdapterOutput:
         return AdapterOutput(context=self.out(self.ffn(self.align(vectors))), attention=None)
 
@@ -225,6 +297,7 @@ class HardRoutingAdapter(nn.Module):
     R is a straight-through Gumbel-softmax top-1 sample while training (one-hot forward,
     soft gradient into the router) and the argmax one-hot in eval. ``attention`` reports the
     router's soft probabilities as [B, 1, n], so Eq. 15's H and u exist for this method too.
+    With a token channel, W_i h_i is the masked mean of expert i's projected tokens.
     """
 
     def __init__(
@@ -257,7 +330,7 @@ class HardRoutingAdapter(nn.Module):
         return r, logits
 
     def forward(
-        self, vectors: list[torch.Tensor], router_emb: torch.Tensor | None = None
+        self, vectors: list[ExpertInput], router_emb: torch.Tensor | None = None
     ) -> AdapterOutput:
         if router_emb is None:
             raise ValueError("hard_routing needs router_emb (the cached MiniLM embeddings)")

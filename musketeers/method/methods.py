@@ -34,10 +34,12 @@ from torch import nn
 from musketeers.cache.errors import UserError
 from musketeers.method.adapter import (
     AdapterOutput,
+    ExpertInput,
     HardRoutingAdapter,
     NoCrossAttnAdapter,
     PerceiverAdapter,
 )
+from musketeers.method.expert_tokens import rows_in
 
 # (expert_dims, d_policy, options) -> adapter; options: latents, d_model, heads, router_dim,
 # out_init_std
@@ -149,11 +151,12 @@ class ZeroContext(nn.Module):
         self.n_context = latents
         self.d_policy = d_policy
 
-    def forward(self, vectors: list[torch.Tensor], router_emb: torch.Tensor | None = None
+    def forward(self, vectors: list[ExpertInput], router_emb: torch.Tensor | None = None
                 ) -> AdapterOutput:
-        b = vectors[0].shape[0]
-        return AdapterOutput(context=vectors[0].new_zeros(b, self.n_context, self.d_policy),
-                             attention=None)
+        first = vectors[0]
+        like = first.states if not isinstance(first, torch.Tensor) else first
+        return AdapterOutput(context=like.new_zeros(rows_in(first), self.n_context,
+                                                    self.d_policy), attention=None)
 
 
 def _perceiver(dims: list[int], d_policy: int, o: dict[str, Any]) -> nn.Module:
@@ -179,9 +182,12 @@ def _zero_context(dims: list[int], d_policy: int, o: dict[str, Any]) -> nn.Modul
 
 
 # what only φ reads; the warm-up's steps and batch are not among them, since they also train
-# the LoRA of a method without φ when warmup_policy_lr > 0 (warmup.warms_up)
-_NO_C = ("pooling", "latents", "context_position", "d_model", "heads", "adapter_lr",
-         "context_scale", "standardize_experts", "adapter_warmup_lr")
+# the LoRA of a method without φ when warmup_policy_lr > 0 (warmup.warms_up). The channel is
+# read by every adapter that reads the experts: the Perceiver attends over every token (Eq. 10
+# with a key mask), no_cross_attn and hard_routing read each expert's masked token mean; C = 0
+# (zero_context) and the methods without φ compute the same on any channel.
+_NO_C = ("pooling", "channel", "token_layer", "latents", "context_position", "d_model", "heads",
+         "adapter_lr", "context_scale", "standardize_experts", "adapter_warmup_lr")
 _NO_WARMUP = ("adapter_warmup", "adapter_warmup_batch", "warmup_policy_lr")
 _VECTORS = frozenset({"vectors"})
 

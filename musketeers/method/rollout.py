@@ -28,6 +28,7 @@ from musketeers.cache.errors import UserError
 from musketeers.cache.items import Item
 from musketeers.config import TrainConfig
 from musketeers.method import methods
+from musketeers.method.expert_tokens import ExpertInput
 from musketeers.method.grpo import compute_advantages, zero_variance_groups
 from musketeers.run.data import SplitData, derived_seed
 from musketeers.run.distributed import World
@@ -36,7 +37,7 @@ from musketeers.run.step_profile import decode_batches
 # (step, tensor name, tensor) -> tensor: lets tests inject faults (NaN) at named points.
 FaultHook = Callable[[int, str, torch.Tensor], torch.Tensor]
 # (items, rows) -> pooled vectors: the benchmark's --live-experts path computes them live.
-VectorSource = Callable[[list[Item], torch.Tensor], list[torch.Tensor]]
+VectorSource = Callable[[list[Item], torch.Tensor], list[ExpertInput]]
 # (CPU generator state, CUDA generator state or None): what the adapter's random draws use
 RngState = tuple[torch.Tensor, torch.Tensor | None]
 _SHUFFLE_TAG = 0x5F1E  # derived_seed stream of the shuffled_reward control
@@ -61,7 +62,7 @@ class Rollout:
     """One micro-batch of sampled groups, everything the inner iterations need."""
 
     items: list[Item]
-    vectors: list[torch.Tensor]
+    vectors: list[ExpertInput]  # pooled [B, d_i], or ExpertTokens on a token channel
     router: torch.Tensor | None
     prompt_ids: Any
     completions: list[list[int]]  # B·G, group-major (row b·G + g)

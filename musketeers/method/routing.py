@@ -1,7 +1,8 @@
 """Routing observability (paper §4.3, Eq. 15): entropy, utilisation, and Spearman ρ.
 
 A is the adapter's attention matrix [B, m, n] (or [m, n]): row j is latent query j's
-distribution over the n experts.
+distribution over the n experts. With a token channel the adapter attends over every token of
+every expert; ``expert_attention`` sums those weights per expert, so A is still [B, m, n].
 """
 
 from __future__ import annotations
@@ -11,6 +12,15 @@ import warnings
 import numpy as np
 import torch
 from scipy import stats
+
+
+def expert_attention(weights: torch.Tensor, owner: torch.Tensor, n: int) -> torch.Tensor:
+    """The A that Eq. 15 reads: A_ji = Σ_{t ∈ expert i} w_jt, the attention latent j gives
+    all of expert i's tokens. weights [..., T] (rows sum to 1), owner [T] (each slot's expert
+    index) → [..., n], rows still summing to 1. With one token per expert (pooled) A = weights.
+    """
+    a = weights.new_zeros(*weights.shape[:-1], n)
+    return a.index_add_(-1, owner, weights)
 
 
 def routing_entropy(a: torch.Tensor) -> torch.Tensor:

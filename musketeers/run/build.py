@@ -126,7 +126,8 @@ def build_components(cfg: TrainConfig, split: str, *, limit: int | None = None,
         raise UserError(f"the adapter (--d-model {cfg.d_model}, --latents {cfg.latents}) does "
                         "not fit in memory; pass a smaller --d-model or --latents") from None
     if cfg.standardize_experts and split == "train" and hasattr(adapter, "align"):
-        adapter.align.fit_standardizer(data.vectors)  # a checkpoint's own buffers win on load
+        # a checkpoint's own buffers win on load; a token channel fits on a bounded sample
+        adapter.align.fit_standardizer(data.standardizer_sample(cfg.seed))
     if adapter is not None:
         adapter.to(cfg.device)
     return data, policy, adapter

@@ -34,11 +34,13 @@ def precompute_features(
     cache_dir: Path | str | None = None, device: str = "auto", dtype: str = "auto",
     hints: bool = False, force: bool = False, gsm8k_dir: Path | None = None,
     batch_tokens: int = 8192, chunk_rows: int = 64, router: bool = True, compile: str = "auto",
+    token_layers: tuple[int, ...] = (),
 ) -> list[Path]:
     """Run every expert of a team once over a task's train and val items into its store.
 
     Experts already complete in the store are skipped; under ``torchrun`` the ranks shard
-    the rows (musketeers.cache.dist). Returns the store paths written.
+    the rows (musketeers.cache.dist). Returns the store paths written. Hints are scored
+    here, under the task's own scorer: the cache knows no task.
     """
     from musketeers.cache.backbone import want_compile
     from musketeers.cache.devices import resolve_device, resolve_dtype
@@ -46,7 +48,7 @@ def precompute_features(
     from musketeers.cache.experts import check_expert
     from musketeers.cache.precompute import PrecomputeConfig, precompute_task
     from musketeers.cache.store import check_cache_dir
-    from musketeers.tasks import SPLITS, build_items, task_spec
+    from musketeers.tasks import SPLITS, build_items, score, task_spec
     from musketeers.teams import resolve_team
 
     if limit is not None and limit < 1:
@@ -65,7 +67,8 @@ def precompute_features(
     dev = resolve_device(device)
     cfg = PrecomputeConfig(device=dev, dtype=resolve_dtype(dtype, dev), batch_tokens=batch_tokens,
                            hints=hints, force=force, router=router, chunk_rows=chunk_rows,
-                           compile=compile)
+                           compile=compile, token_layers=tuple(token_layers),
+                           scorer=score if hints else None)
     dist = Dist.from_env(dev)
     # Build every split first: a missing GSM8K file fails before any model loads.
     plans = {t: (task_spec(t), {s: build_items(t, s, limit, gsm8k_dir) for s in SPLITS})

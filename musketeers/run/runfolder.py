@@ -195,15 +195,30 @@ def prepare(cfg: TrainConfig, run: Path, resume: bool) -> dict[str, Any]:
     if not resume:
         return now
     if (run / "config.yaml").is_file():
-        steps = read_run_config(run).steps
-        if steps != cfg.steps:  # the LR schedule and the summary are sized by it
-            raise UserError(f"--resume keeps the run's {steps} steps (asked {cfg.steps}); "
+        saved = read_run_config(run)
+        if saved.steps != cfg.steps:  # the LR schedule and the summary are sized by it
+            raise UserError(f"--resume keeps the run's {saved.steps} steps (asked {cfg.steps}); "
                             "keep its steps, or start a new --run-dir for another length")
+        check_channel(saved, cfg, run)
     if not check_config(cfg, run):  # a run from before config digests were recorded
         log.warning("%s has no %s; recording the config it resumes with", run, CONFIG_DIGEST)
     if not check_store(cfg, run, now):  # a run from before fingerprints were recorded
         log.warning("%s has no %s; recording the store it resumes on", run, FINGERPRINTS)
     return now
+
+
+def check_channel(saved: TrainConfig, cfg: TrainConfig, run: Path) -> None:
+    """Refuse to resume ``run`` on another channel or token layer than it recorded (a run
+    from before channels read the pooled vectors): the adapter's weights fit what it read."""
+    if "channel" in methods.ignored(cfg.method):
+        return
+    was = (saved.channel, saved.token_layer if saved.channel != "pooled" else None)
+    now = (cfg.channel, cfg.token_layer if cfg.channel != "pooled" else None)
+    if was != now:
+        where = "" if was[1] is None else f" --token-layer {was[1]}"
+        raise UserError(f"{run} was trained on --channel {was[0]}{where}; --resume keeps it: "
+                        f"pass --channel {was[0]}{where}, or start a new --run-dir for "
+                        f"--channel {cfg.channel}")
 
 
 def check_store(cfg: TrainConfig, run: Path, now: dict[str, Any] | None = None) -> bool:

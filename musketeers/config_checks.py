@@ -1,0 +1,100 @@
+"""A resolved TrainConfig checked against the registries of the other modules, before any
+model loads: every bad value is one UserError line naming what is valid."""
+
+from __future__ import annotations
+
+import math
+import typing
+from typing import TYPE_CHECKING
+
+from musketeers.budgets import BUDGETS
+from musketeers.cache.errors import UserError
+
+if TYPE_CHECKING:
+    from musketeers.config import TrainConfig
+
+
+def _one_of(name: str, value: str, valid: typing.Iterable[str]) -> None:
+    valid = tuple(valid)
+    if value not in valid:
+        raise UserError(f"unknown {name} '{value}'; valid: {', '.join(valid)}")
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Names against the registries of the other modules; sizes positive. UserError if not."""
+    from musketeers.cache.reader import POOLINGS
+    from musketeers.cache.tokens import CHANNELS
+    from musketeers.config import CONTEXT_POSITIONS, CONTEXT_SCALES, DTYPES, SCHEDULERS, SIZE_LIMITS
+    from musketeers.method.grpo import ADVANTAGES, LOSS_NORMS, REWARD_NORMS
+    from musketeers.method.methods import names as method_names
+    from musketeers.tasks import EXTRACTIONS, check_task
+
+    check_task(cfg.task)
+    _one_of("method", cfg.method, method_names())
+    if not (cfg.pooling in POOLINGS or (cfg.pooling.startswith("layer:")
+                                        and cfg.pooling[6:].isdigit())):
+        raise UserError(f"unknown pooling '{cfg.pooling}'; valid: {', '.join(POOLINGS)}, layer:K")
+    _one_of("budget", cfg.budget, BUDGETS)
+    _one_of("advantage", cfg.advantage, ADVANTAGES)
+    _one_of("reward_norm", cfg.reward_norm, REWARD_NORMS)
+    _one_of("loss_norm", cfg.loss_norm, LOSS_NORMS)
+    _one_of("scheduler", cfg.scheduler, SCHEDULERS)
+    _one_of("dtype", cfg.dtype, DTYPES)
+    _one_of("context_position", cfg.context_position, CONTEXT_POSITIONS)
+    _one_of("extraction", cfg.extraction, EXTRACTIONS)
+    _one_of("channel", cfg.channel, CHANNELS)
+    if cfg.channel != "pooled" and cfg.live_experts:
+        raise UserError(f"live experts compute pooled vectors only, not channel "
+                        f"'{cfg.channel}'; pass --channel pooled")
+    for key in ("steps", "prompts_per_micro", "grad_accum", "group_size", "max_new_tokens",
+                "latents", "d_model", "heads", "inner_iters", "lora_r", "save_every"):
+        if getattr(cfg, key) < 1:
+            raise UserError(f"config key '{key}' must be >= 1, got {getattr(cfg, key)}")
+    if cfg.decode_prompts < 0:
+        raise UserError(f"config key 'decode_prompts' must be >= 0, got {cfg.decode_prompts}")
+    if not 0 <= cfg.seed < 2**32:  # numpy's seeding refuses anything else deep in the run
+        raise UserError(f"config key 'seed' must be in [0, 2**32), got {cfg.seed}")
+    for key, most in SIZE_LIMITS.items():
+        if getattr(cfg, key) > most:
+            raise UserError(f"config key '{key}' must be <= {most}, got {getattr(cfg, key)}; "
+                            "no run of this project needs more")
+    _check_device(cfg.device)
+    if cfg.threads is not None and cfg.threads < 1:
+        raise UserError(f"config key 'threads' must be >= 1, got {cfg.threads}")
+    for key in ("no_context_every", "adapter_warmup", "adapter_warmup_batch"):
+        if getattr(cfg, key) < 0:
+            raise UserError(f"config key '{key}' must be >= 0, got {getattr(cfg, key)}")
+    if cfg.eval_limit is not None and cfg.eval_limit < 1:
+        raise UserError(f"config key 'eval_limit' must be >= 1, got {cfg.eval_limit}")
+    _one_of("context_scale", cfg.context_scale, CONTEXT_SCALES)
+    for key in ("beta", "lr", "adapter_lr", "adapter_warmup_lr", "warmup_policy_lr",
+                "weight_decay", "grad_clip", "clip_low", "clip_high", "adam_eps", "temperature"):
+        # NaN compares false with everything: one update with lr nan makes every weight NaN
+        if not math.isfinite(getattr(cfg, key)) or getattr(cfg, key) < 0:
+            raise UserError(f"config key '{key}' must be a finite number >= 0, got "
+                            f"{getattr(cfg, key)}")
+    if not cfg.temperature > 0:  # sampling and log-probs divide the logits by it
+        raise UserError(f"config key 'temperature' must be > 0, got {cfg.temperature}")
+    if cfg.d_model % cfg.heads:
+        raise UserError(f"config key 'd_model' ({cfg.d_model}) must be a multiple of 'heads' "
+                        f"({cfg.heads})")
+
+
+
+def _check_device(device: str) -> None:
+    """A device torch knows and this machine has (checked before any model loads)."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise UserError(f"unknown device '{device}'; pass --device cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"device '{device}' needs CUDA, which this machine lacks; "
+                            "pass --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise UserError(f"device '{device}': this machine has {torch.cuda.device_count()} "
+                            "CUDA device(s); pass --device cuda:0 or cpu")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise UserError(f"device '{device}' is not available here; pass --device cpu")
