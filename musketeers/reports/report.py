@@ -303,7 +303,7 @@ PACK_NOTE = ["Each run's artefacts are in `runs.tar.xz` beside this file. Unpack
 
 
 def report_dir(reports_dir: Path, grid: Grid) -> Path:
-    """Where a grid's report (and its published runs, ``runs/``) live: reports_dir/<name>
+    """Where a grid's report (and its published runs, ``runs.tar.xz``) live: reports_dir/<name>
     (the budget unless the grid YAML names itself)."""
     return Path(reports_dir) / grid.name
 
