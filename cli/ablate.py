@@ -66,10 +66,10 @@ def ablate(
     from musketeers.design.gridspec import load_grid
     from musketeers.grid.ledger import ledger_path
     from musketeers.grid.needs import ensure_cache
+    from musketeers.grid.pack import opened, pack_of
     from musketeers.grid.publish import (
         adopt_published,
-        publish_ledger,
-        publish_run,
+        publish_finished,
         publish_runs,
         set_aside_published,
     )
@@ -122,14 +122,13 @@ def ablate(
     if not report_only:
         adopted = adopt_published(g, runs_dir, published)
         if adopted:
-            typer.echo(f"{len(adopted)} finished runs adopted from {published} (earlier "
+            typer.echo(f"{len(adopted)} finished runs adopted from {pack_of(published)} (earlier "
                        "invocations' published results); the grid goes on from there")
         ledger = ledger_path(runs_dir, g.name)
         ensure_cache(g, g.precompute, gsm8k_dir=gsm8k_dir, ledger=ledger)
 
         def publish(run, run_dir: Path) -> None:  # each run as it ends: the machine may not
-            publish_run(run_dir, published / run.name, eval_limit=g.eval_limit)
-            publish_ledger(g, runs_dir, published)
+            publish_finished(g, run_dir, runs_dir, published)
 
         result = run_grid(g, runs_dir, ledger=ledger, on_done=publish, hours=hours,
                           on_stale=lambda name, kept: set_aside_published(published, name,
@@ -143,15 +142,18 @@ def ablate(
         failed = result.failed
     if part is not None:  # the other workers' runs are not here yet
         copied = publish_runs(g, runs_dir, published)
-        typer.echo(f"shard {shard}: the artefacts of {len(copied)} finished runs under "
-                   f"{published}; once every worker is done: musketeers ablate "
+        typer.echo(f"shard {shard}: the artefacts of {len(copied)} finished runs in "
+                   f"{pack_of(published)}; once every worker is done: musketeers ablate "
                    f"{'--grid ' + str(grid) if grid else '--budget ' + budget} --report-only "
                    f"--runs-dir {published}")
     else:
-        path = write_report(g, runs_dir, reports_dir, wall_time=wall_time_lines(g, runs_dir))
+        with opened(runs_dir) as folder:  # the published runs' pack, when named
+            path = write_report(g, folder, reports_dir, wall_time=wall_time_lines(g, folder),
+                                shown=runs_dir)
         copied = publish_runs(g, runs_dir, path.parent / "runs")
-        typer.echo(f"report: {path} (with the artefacts of {len(copied)} finished runs under "
-                   f"{path.parent / 'runs'}: commit that folder to publish the result)")
+        typer.echo(f"report: {path} (with the artefacts of {len(copied)} finished runs in "
+                   f"{pack_of(path.parent / 'runs')}: commit {path.parent} to publish the "
+                   "result)")
     _exit_on_failures(failed, runs_dir)
 
 

@@ -14,6 +14,7 @@ from musketeers.config import resolve_config
 from musketeers.design import experiment
 from musketeers.design.gridspec import BUDGETS as GRID_BUDGETS
 from musketeers.design.gridspec import grid_file, load_grid
+from musketeers.grid.pack import opened
 from musketeers.grid.status import stale_fields
 from musketeers.reports.report import report_dir
 
@@ -111,17 +112,18 @@ def test_published_runs_are_runs_of_their_grid_as_it_stands(source, folder):
     change to the design or a grid YAML that would make a published run stale fails here,
     before a later invocation sets it aside and trains it again (or a kept result stops being
     rebuildable)."""
-    published = sorted(Path(folder).glob("pocket-*/config.yaml"))
-    if not published:
-        pytest.skip(f"no run published under {folder} yet")
     grid = load_grid(source)
     assert report_dir(REPO / "reports", grid) / "runs" == Path(folder)
     runs = {r.name: r for r in grid.runs}
-    for path in published:
-        name = path.parent.name
-        assert name in runs, f"{name} is published but not a run of the grid {source}"
-        cfg = resolve_config(overrides={**runs[name].fields, "run_dir": str(path.parent)})
-        assert stale_fields(path.parent, cfg) == {}, name
+    with opened(folder) as view:  # the folder's pack, runs.tar.xz, unpacked
+        published = sorted(view.glob("pocket-*/config.yaml"))
+        if not published:
+            pytest.skip(f"no run published under {folder} yet")
+        for path in published:
+            name = path.parent.name
+            assert name in runs, f"{name} is published but not a run of the grid {source}"
+            cfg = resolve_config(overrides={**runs[name].fields, "run_dir": str(path.parent)})
+            assert stale_fields(path.parent, cfg) == {}, name
 
 
 def test_a_part_may_run_more_seeds_than_the_grid_and_the_command_line_selects(tmp_path: Path):

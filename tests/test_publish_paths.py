@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from musketeers.grid.pack import SUFFIX, read_pack
 from musketeers.grid.portable import REWRITES, has_absolute_path
 from musketeers.grid.publish import publish_run
 
@@ -57,13 +58,18 @@ def test_the_check_sees_an_absolute_path():
     assert not has_absolute_path("cache_dir: stores/pocket\ntask: algorithmic:easier@direct\n")
 
 
-PUBLISHED = sorted(p for name in REWRITES for p in (ROOT / "reports").rglob(name))
+# every committed artefact the publisher rewrites, plain or in a pack: {id: text}
+PUBLISHED = {str(p.relative_to(ROOT)): p.read_text(errors="replace")
+             for name in REWRITES for p in (ROOT / "reports").rglob(name)}
+PUBLISHED |= {f"{pack.relative_to(ROOT)}:{member}": data.decode(errors="replace")
+              for pack in sorted((ROOT / "reports").rglob(f"*{SUFFIX}"))
+              for member, data in read_pack(pack).items() if Path(member).name in REWRITES}
 
 
 def test_there_are_published_artefacts_to_check():
-    assert any(p.name == "config.yaml" for p in PUBLISHED)
+    assert any(key.endswith("config.yaml") for key in PUBLISHED)
 
 
-@pytest.mark.parametrize("path", PUBLISHED, ids=lambda p: str(p.relative_to(ROOT)))
-def test_no_published_artefact_holds_an_absolute_path(path: Path):
-    assert not has_absolute_path(path.read_text(errors="replace"))
+@pytest.mark.parametrize("key", sorted(PUBLISHED))
+def test_no_published_artefact_holds_an_absolute_path(key: str):
+    assert not has_absolute_path(PUBLISHED[key])

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from musketeers.cli.main import app
 from musketeers.design.gridspec import load_grid
+from musketeers.grid.pack import editing, opened, read_pack
 from musketeers.reports.tables import TABLE1, TABLE2, TASKS
 from musketeers.tasks.variants import task_title
 
@@ -49,11 +50,12 @@ def test_three_run_grid_end_to_end(tmp_path: Path):
     second = CliRunner().invoke(app, args)
     assert "0 trained" in second.output and "3 already done" in second.output
     # the report folder is the published result: each finished run's small artefacts, no
-    # checkpoints, enough to rebuild the same report on another machine
-    published = out / "runs" / "smoke-arithmetic-single-s0"
-    assert {p.name for p in published.iterdir()} >= {"config.yaml", "metrics.jsonl",
-                                                       "summary.json", "eval.json"}
-    assert not list((out / "runs").rglob("*.safetensors"))
+    # checkpoints, enough to rebuild the same report on another machine; one pack beside it
+    assert not (out / "runs").exists()
+    packed = read_pack(out / "runs.tar.xz")
+    assert {Path(m).name for m in packed if m.startswith("smoke-arithmetic-single-s0/")} >= {
+        "config.yaml", "metrics.jsonl", "summary.json", "eval.json"}
+    assert not [m for m in packed if m.endswith(".safetensors")]
     rebuilt = CliRunner().invoke(app, ["ablate", "--grid", str(grid), "--report-only",
                                        "--runs-dir", str(out / "runs"),
                                        "--reports-dir", str(tmp_path / "elsewhere")])
@@ -61,7 +63,8 @@ def test_three_run_grid_end_to_end(tmp_path: Path):
     assert (tmp_path / "elsewhere" / "smoke" / "table1.md").read_text() == table1
     # another machine or a fresh clone: no run folders, only the committed report. The grid adopts
     # what was published (and its ledger) and runs only what is not there
-    shutil.rmtree(out / "runs" / "smoke-arithmetic-single-s0")
+    with editing(out / "runs") as folder:
+        shutil.rmtree(folder / "smoke-arithmetic-single-s0")
     fresh = [*args[:args.index("--runs-dir") + 1], str(tmp_path / "runs2"),
              *args[args.index("--runs-dir") + 2:]]
     third = CliRunner().invoke(app, fresh)
@@ -71,7 +74,7 @@ def test_three_run_grid_end_to_end(tmp_path: Path):
     ledger = (tmp_path / "runs2" / "ledger-smoke.jsonl").read_text().splitlines()
     first_ledger = (tmp_path / "runs" / "ledger-smoke.jsonl").read_text().splitlines()
     assert ledger[:len(first_ledger)] == first_ledger and len(ledger) > len(first_ledger)
-    assert (out / "runs" / "smoke-arithmetic-single-s0" / "eval.json").is_file()
+    assert "smoke-arithmetic-single-s0/eval.json" in read_pack(out / "runs.tar.xz")
     # a setting of the context runs changes: they are set aside and run again, and their
     # published copies move to runs/stale/ beside the new ones, so a report rebuilt from the
     # published folder never mixes the two settings (Single reads no adapter: it stays)
@@ -81,15 +84,16 @@ def test_three_run_grid_end_to_end(tmp_path: Path):
     fourth = CliRunner().invoke(app, fresh)
     assert fourth.exit_code == 0, fourth.output
     assert "2 trained" in fourth.output and "2 stale" in fourth.output
-    kept = sorted(p.name.split(".")[0] for p in (out / "runs" / "stale").iterdir())
-    context_runs = sorted(p.name for p in (out / "runs").glob("smoke-*perceiver*"))
-    assert kept == context_runs and len(kept) == 2
-    for name in context_runs:
-        assert yaml.safe_load((out / "runs" / name / "config.yaml").read_text())[
-            "adapter_lr"] == 5e-5
-    old = next((out / "runs" / "stale").iterdir())
-    assert yaml.safe_load((old / "config.yaml").read_text())["adapter_lr"] == 1e-4
-    assert (old / "eval.json").is_file()
+    with opened(out / "runs") as published:
+        kept = sorted(p.name.split(".")[0] for p in (published / "stale").iterdir())
+        context_runs = sorted(p.name for p in published.glob("smoke-*perceiver*"))
+        assert kept == context_runs and len(kept) == 2
+        for name in context_runs:
+            assert yaml.safe_load((published / name / "config.yaml").read_text())[
+                "adapter_lr"] == 5e-5
+        old = next((published / "stale").iterdir())
+        assert yaml.safe_load((old / "config.yaml").read_text())["adapter_lr"] == 1e-4
+        assert (old / "eval.json").is_file()
 
 
 def _decodes_non_empty(png: Path) -> bool:
@@ -174,6 +178,6 @@ def test_a_grid_of_new_tasks_precomputes_trains_and_reports_them(tmp_path: Path,
     assert "| Number theory (ours) | Number theory (paper) |" in header and "gcd (ours)" in header
     assert "**Number theory**, exact (%) per source dataset" in readme
     assert "| Method | gcd | lcm |" in readme
-    published = yaml.safe_load(next(Path("reports/mix/runs").glob("*mix*single*/config.yaml"))
-                               .read_text())
+    with opened(Path("reports/mix/runs")) as folder:  # its pack, runs.tar.xz
+        published = yaml.safe_load(next(folder.glob("*mix*single*/config.yaml")).read_text())
     assert published["task"] == "mix.yaml"

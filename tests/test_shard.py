@@ -14,6 +14,7 @@ from musketeers.cli import main as cli_main
 from musketeers.design.gridspec import load_grid
 from musketeers.grid.fake import fake_evaluate, fake_train
 from musketeers.grid.ledger import ledger_path, totals
+from musketeers.grid.pack import opened
 from musketeers.grid.publish import publish_ledger, publish_runs
 from musketeers.grid.run import run_grid
 from musketeers.grid.shard import parse_shard, shard
@@ -76,12 +77,13 @@ def test_workers_publish_into_one_folder_and_the_report_sees_every_run(tmp_path:
         assert sorted(result.trained) == sorted(r.name for r in part.runs)
         publish_runs(part, runs_dir, published)
         publish_ledger(part, runs_dir, published)  # again: no call is counted twice
-    assert sorted(r.name for r in load_runs(published)) == sorted(r.name for r in grid.runs)
-    rows = [json.loads(x) for x in ledger_path(published, grid.name).read_text().splitlines()]
-    trained = sorted(r["name"] for r in rows if r["phase"] == "train")
-    assert trained == sorted(r.name for r in grid.runs)  # both workers' calls, each once
-    assert totals(ledger_path(published, grid.name))["train"] == pytest.approx(
-        sum(r["seconds"] for r in rows if r["phase"] == "train"))
+    with opened(published) as folder:  # one pack: reports/t/runs.tar.xz
+        assert sorted(r.name for r in load_runs(folder)) == sorted(r.name for r in grid.runs)
+        rows = [json.loads(x) for x in ledger_path(folder, grid.name).read_text().splitlines()]
+        trained = sorted(r["name"] for r in rows if r["phase"] == "train")
+        assert trained == sorted(r.name for r in grid.runs)  # both workers' calls, each once
+        assert totals(ledger_path(folder, grid.name))["train"] == pytest.approx(
+            sum(r["seconds"] for r in rows if r["phase"] == "train"))
 
 
 def test_report_only_refuses_a_shard(monkeypatch, capsys):

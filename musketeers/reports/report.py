@@ -297,16 +297,24 @@ def shortcut_lines(grid: Grid, limit: int = 400) -> list[str]:
             "dataset):", "", *lines, ""]
 
 
+# the published runs beside this report are one xz tarball (musketeers.grid.pack)
+PACK_NOTE = ["Each run's artefacts are in `runs.tar.xz` beside this file. Unpack them all with "
+             "`mkdir -p /tmp/runs && tar -xJf runs.tar.xz -C /tmp/runs`, print one file with "
+             "`tar -xJOf runs.tar.xz RUN/eval.json`, list them with `tar -tJf runs.tar.xz`.", ""]
+
+
 def report_dir(reports_dir: Path, grid: Grid) -> Path:
-    """Where a grid's report (and its published runs, ``runs/``) live: reports_dir/<name>
+    """Where a grid's report (and its published runs, ``runs.tar.xz``) live: reports_dir/<name>
     (the budget unless the grid YAML names itself)."""
     return Path(reports_dir) / grid.name
 
 
 def write_report(grid: Grid, runs_dir: Path, reports_dir: Path,
-                 wall_time: WallTime | None = None) -> Path:
+                 wall_time: WallTime | None = None, shown: Path | None = None) -> Path:
     """Write table1.md, table2.md, the figures and README.md under reports_dir/<budget>;
-    ``wall_time`` adds the runner's wall-time lines (``musketeers.grid.walltime``)."""
+    ``wall_time`` adds the runner's wall-time lines (``musketeers.grid.walltime``); ``shown``
+    is the runs folder the report names (default ``runs_dir``: another when the runs were
+    unpacked from a pack into a temporary folder)."""
     out = report_dir(reports_dir, grid)
     out.mkdir(parents=True, exist_ok=True)
     runs = load_runs(Path(runs_dir), names=[g.name for g in grid.runs])
@@ -370,11 +378,12 @@ def write_report(grid: Grid, runs_dir: Path, reports_dir: Path,
            "spread where larger). A claim whose control did not run is \"not evidence\".", "",
            *paper_claims(runs, latents, {group_key(r.fields)["task"] for r in grid.runs}), "",
            "Cells (ours: exact; the paper's: its accuracy):", "", *cell_comparisons(runs, latents),
-           "", "## Runs", "", *_runs_table(runs), ""]
+           "", "## Runs", "", *PACK_NOTE, *_runs_table(runs), ""]
     failed = [r for r in runs if r.status == "failed"]
     missing = sorted({g.name for g in grid.runs} - {r.name for r in runs})
     md += ["## Failed runs", ""]
-    md += [f"- `{r.name}`: {r.error} (full traceback: `{r.path / 'error.txt'}`)"
+    md += [f"- `{r.name}`: {r.error} (full traceback: "
+           f"`{Path(shown or runs_dir) / r.path.name / 'error.txt'}`)"
            for r in failed] or ["- none"]
     if missing:
         md += ["", "## Not run yet", "", *(f"- `{name}`" for name in missing)]
