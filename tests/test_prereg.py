@@ -45,6 +45,7 @@ def test_seeds_added_after_a_look_are_exploratory_and_get_no_family_p(tmp_path: 
                and "Holm" not in r.verdict and "not family-wise" in r.verdict for r in later)
     table = "\n".join(verdict_markdown(rows, _prereg()))
     assert "confirmatory family fixed before any run (2026-11-28)" in table
+    assert "Seeds to detect" not in table  # a significant row, exploratory or not, needs none
 
 
 def test_a_comparison_outside_the_family_does_not_enter_holm(tmp_path: Path):

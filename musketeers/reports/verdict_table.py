@@ -134,7 +134,7 @@ def verdict_rows(runs: list[Run], tasks: list[str], latents: int = 8,
             if registered:
                 rows.append(_row(c, task, registered, left_out, why, tested.metric))
             if later:
-                added = f"seeds {', '.join(map(str, later))} " + (
+                added = f"seed{'s' if len(later) > 1 else ''} {', '.join(map(str, later))} " + (
                     "beyond the grid's main seeds" if prereg.implicit else "added after a look")
                 rows.append(_row(c, task, pairs, left_out, f"{why}; {added}" if why else added,
                                  tested.metric))
@@ -212,8 +212,9 @@ def power_lines(rows: list[VerdictRow], target: float = PLANNED_MDE) -> list[str
     no more power."""
     out = []
     for r in rows:
+        p = r.test.p if r.exploratory else r.p_adjusted
         if (r.refused or not r.test.testable or (r.test.mde or 0.0) <= target
-                or (r.p_adjusted is not None and r.p_adjusted < ALPHA)):
+                or (p is not None and p < ALPHA)):
             continue
         k = seeds_for_mde(r.test, target)
         floor = items_floor(r.test)
