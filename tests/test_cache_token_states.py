@@ -295,3 +295,11 @@ def test_the_per_chunk_arrays_read_as_one_flat_array(tmp_path):
         for hi in range(lo, len(flat) + 1):
             np.testing.assert_array_equal(got.flat[lo:hi], flat[lo:hi], err_msg=f"{lo}:{hi}")
     assert [len(r) for r in got.rows(range(7))] == [2, 0, 4, 1, 3, 0, 2]
+
+
+def test_token_states_option_parses_layers_or_names_its_form():
+    from musketeers.cli.precompute import parse_layers
+
+    assert parse_layers("12, -1") == (12, -1) and parse_layers(None) == ()
+    with pytest.raises(UserError, match=r"^--token-states 'x': .*--token-states=-1$"):
+        parse_layers("x")
