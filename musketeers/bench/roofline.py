@@ -5,7 +5,7 @@ the matmul ceiling of the dtype in use (``bench.matmul``), bytes at the measured
 bandwidth (``copy_bandwidth``), whichever is slower. Its *share* of the roofline is ideal ÷
 measured: 100 % means the phase runs as fast as the hardware allows.
 
-The work comes from the step's own counts (``musketeers.run.step_profile.step_work``) and the
+The work comes from the step's own counts (``musketeers.runtime.step_profile.step_work``) and the
 policy's shape (``model_shape``):
 
 - sampling: the shared prefix [x ‖ C] once per group (compute: 2·P FLOPs per token plus
@@ -147,7 +147,7 @@ def budget_work(budget: dict[str, Any], prompt_len: int, completion_len: int,
     counted by ``step_work`` itself, on rollouts of that shape."""
     from types import SimpleNamespace
 
-    from musketeers.run.step_profile import step_work
+    from musketeers.runtime.step_profile import step_work
 
     micro, g = budget["prompts_per_micro"], budget["group_size"]
     rollout = SimpleNamespace(prompt_ids=[[0] * prompt_len] * micro,

@@ -11,7 +11,7 @@ Where C goes (``context_position``). x is the input; the chat template's generat
 the header, ``before_prompt`` before everything. The paper initialises W_out near zero so that
 C ≈ 0 leaves the initial policy as it was (Eq. 11); only the first and last placements keep
 that promise. Measured on 8 arithmetic prompts, KL of the first completion token between
-π(·|x) and π(·|[x ‖ 0]) in nats (``python -m musketeers.method.probe --policy <name>``; the
+π(·|x) and π(·|[x ‖ 0]) in nats (``python -m musketeers.bench.zero_context --policy <name>``; the
 SmolLM2 rows are checked by a test in tests/test_policy.py):
 
     policy                  m   after_prompt   before_generation_prompt   before_prompt

@@ -36,8 +36,8 @@ from musketeers.method.rollout import adapter_context, policy_score
 from musketeers.run import checkpoint as ckpt
 from musketeers.run import runfolder
 from musketeers.run.build import PolicyFactory, build_components
-from musketeers.run.distributed import World
 from musketeers.run.runlog import by_source, eval_files
+from musketeers.runtime.distributed import World
 from musketeers.tasks import extract_answer
 
 
