@@ -296,7 +296,7 @@ def _one_of(name: str, value: str, valid: typing.Iterable[str]) -> None:
 def validate(cfg: TrainConfig) -> None:
     """Names against the registries of the other modules; sizes positive. UserError if not."""
     from musketeers.cache.reader import POOLINGS
-    from musketeers.method.grpo import ADVANTAGES, LOSS_NORMS, REWARD_NORMS
+    from musketeers.method.grpo_options import ADVANTAGES, LOSS_NORMS, REWARD_NORMS
     from musketeers.method.methods import names as method_names
     from musketeers.tasks import EXTRACTIONS, check_task
 
