@@ -26,7 +26,8 @@ import zarr
 
 from musketeers.cache import layout
 from musketeers.cache import store as st
-from musketeers.cache.backbone import Backbone, forward_pool, length_batches, pad, want_compile
+from musketeers.cache.backbone import Backbone, forward_pool, pad, want_compile
+from musketeers.cache.batching import length_batches
 from musketeers.cache.damage import unit_damage
 from musketeers.cache.devices import dtype_name
 from musketeers.cache.devices import resolve_device as resolve_device  # re-exported

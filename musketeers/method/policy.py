@@ -46,6 +46,7 @@ from peft import LoraConfig, get_peft_model
 from torch import Tensor
 
 from musketeers.cache.backbone import pad
+from musketeers.cache.batching import length_batches
 from musketeers.cache.prompts import generation_prompt_len, render_prompt
 from musketeers.config import CONTEXT_POSITIONS
 from musketeers.method.decode_graph import decode_fixed, why_not_graphed
@@ -56,9 +57,9 @@ from musketeers.method.policy_model import (
 )
 from musketeers.method.prepack import prepacked_linears
 from musketeers.method.sampling import CACHE_KW, decode, kv_cache, token_logprobs
-from musketeers.method.sharing import cache_rows, common_head, length_chunks
+from musketeers.method.sharing import cache_rows, common_head
 
-# A forward's own cost, in tokens, when completions are split by length (length_chunks): on a
+# A forward's own cost, in tokens, when completions are split by length (length_batches): on a
 # CPU a pass reads every weight once whatever it computes. Accelerators run one chunk: padding
 # is cheap there until the device saturates, and no split was measured on one.
 CHUNK_COST = 32
@@ -312,7 +313,7 @@ class Policy:
         completions of a group flow back into its one prefix pass (the sum a G-fold copy would
         give). Every prefix ends at column P, so the prefix pass's last logits predict every
         completion's first token. A chunk is right-padded only to its own longest completion
-        (``sharing.length_chunks``), not to the batch's.
+        (``cache.batching.length_batches``), not to the batch's.
         """
         g = len(completion_ids) // len(prompts)
         if g * len(prompts) != len(completion_ids):
@@ -323,7 +324,8 @@ class Policy:
         lengths = [len(c) for c in completion_ids]
         t = max(lengths)
         fixed = CHUNK_COST if self.share and self.device.type == "cpu" else None
-        chunks = length_chunks(lengths, fixed) if fixed is not None else [range(len(lengths))]
+        chunks = (length_batches(lengths, overhead=fixed) if fixed is not None
+                  else [range(len(lengths))])
         pieces, order = [], []
         _, mask = pad(completion_ids, self.pad_id, "right")
         for chunk in chunks:
