@@ -37,8 +37,6 @@ equal those of each sequence alone.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from functools import partial
 from typing import Any, NamedTuple
 
 import torch
@@ -49,15 +47,14 @@ from musketeers.cache.backbone import pad
 from musketeers.cache.batching import length_batches
 from musketeers.cache.prompts import generation_prompt_len, render_prompt
 from musketeers.config import CONTEXT_POSITIONS
-from musketeers.method.decode_graph import decode_fixed, why_not_graphed
+from musketeers.method.fast import fast_decode
+from musketeers.method.fast.sharing import cache_rows, common_head
 from musketeers.method.policy_model import (
     contiguous_input,
     target_modules,
     teacher_forced_attention,
 )
-from musketeers.method.prepack import prepacked_linears
-from musketeers.method.sampling import CACHE_KW, decode, kv_cache, token_logprobs
-from musketeers.method.sharing import cache_rows, common_head
+from musketeers.method.sampling import CACHE_KW, kv_cache, token_logprobs
 
 # A forward's own cost, in tokens, when completions are split by length (length_batches): on a
 # CPU a pass reads every weight once whatever it computes. Accelerators run one chunk: padding
@@ -108,9 +105,9 @@ class Policy:
         # False: every prompt's tokens run and completions pad to the batch's longest, the
         # baseline ``python -m musketeers.bench --only sharing`` measures sharing against
         self.share = True
-        # on CUDA, with a model that allows it: ``decode_graph.decode_fixed`` (CUDA graphs)
+        # on CUDA, with a model that allows it: ``fast.decode_graph.decode_fixed`` (CUDA graphs)
         self.decode_graphs = False
-        # on CPU: the frozen weights of each decode step prepacked for oneDNN (``prepack``)
+        # on CPU: the frozen weights of each decode step prepacked for oneDNN (``fast.prepack``)
         self.prepack_decode = True
         self.generation_prompt_len = generation_prompt_len(tokenizer)
         emb = self.model.get_input_embeddings()
@@ -235,18 +232,12 @@ class Policy:
         if max_new_tokens < 1:
             return [[] for _ in range(len(prompt_ids) * group_size)]
         pre, mask = self._shared_prefill(prompt_ids, context, group_size)
-        graphed = (self.decode_graphs and self.device.type == "cuda"
-                   and why_not_graphed(self.model, kv_cache(pre)) is None)
-        loop = partial(decode_fixed, graph=True) if graphed else decode
-        rows = len(prompt_ids) * group_size
-        packed = (prepacked_linears(self.model, rows) if self.prepack_decode and not graphed
-                  else nullcontext())
-        with packed:
-            out = loop(
-                self.model, pre.logits[:, -1].repeat_interleave(group_size, dim=0),
-                kv_cache(pre), mask.repeat_interleave(group_size, dim=0),
-                max_new_tokens=max_new_tokens, eos_ids=self.eos_ids, pad_id=self.pad_id,
-                temperature=temperature, top_p=top_p, greedy=greedy, generator=generator)
+        out = fast_decode(
+            self.model, pre.logits[:, -1].repeat_interleave(group_size, dim=0),
+            kv_cache(pre), mask.repeat_interleave(group_size, dim=0),
+            graphs=self.decode_graphs, prepack=self.prepack_decode,
+            max_new_tokens=max_new_tokens, eos_ids=self.eos_ids, pad_id=self.pad_id,
+            temperature=temperature, top_p=top_p, greedy=greedy, generator=generator)
         return [self._strip(row) for row in out.tolist()]
 
     def _strip(self, row: list[int]) -> list[int]:
