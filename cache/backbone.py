@@ -1,8 +1,9 @@
 """The expert's backbone pass: length-batched, right-padded, optionally compiled.
 
 Everything here is about speed; what is computed is Eq. 5 (``pooling.py``). Tests pin that a
-batched pass equals one prompt at a time (``tests/test_cache_pooling.py``), that the batching is
-optimal and that a compiled pass equals the eager one (``tests/test_cache_backbone.py``).
+batched pass equals one prompt at a time (``tests/test_cache_pooling.py``), that the batching
+(``batching.py``) is optimal and that a compiled pass equals the eager one
+(``tests/test_cache_backbone.py``).
 """
 
 from __future__ import annotations
@@ -65,43 +66,6 @@ class Backbone:
             self.fn, self.compiled = self.eager, False
             out = self.fn(**kwargs)
         return tuple(h[:1].cpu() if single else h.cpu() for h in out.hidden_states)
-
-
-BATCH_OVERHEAD_TOKENS = 64
-"""One forward call's fixed cost (kernel launches, per-layer Python) in token-equivalents.
-
-Measured on a 2-core CPU: Qwen2.5-0.5B costs ~1.9 ms per token and ~0.18 s per extra call, so
-one call ≈ 90 tokens; SmolLM2-135M less. Only its order of magnitude matters to the split."""
-
-
-def length_batches(lengths: list[int], batch_tokens: int,
-                   overhead: int = BATCH_OVERHEAD_TOKENS) -> list[list[int]]:
-    """Indices cut into batches that minimise padded work: Σ (size × longest + overhead).
-
-    Lengths are sorted longest first, so an optimal batching is a set of contiguous runs
-    (an exchange argument) and a dynamic programme over cut points finds it exactly, subject
-    to size × longest ≤ ``batch_tokens`` (a single over-long prompt still gets its own batch).
-    A greedy fill under the budget alone padded a 499-token prompt's 15 neighbours of ~250
-    tokens to 499 and wasted a third of the matmuls.
-    """
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    n = len(order)
-    best = [0.0] + [float("inf")] * n  # best[j]: cost of the first j sorted prompts
-    cut = [0] * (n + 1)
-    for j in range(1, n + 1):
-        for i in range(j - 1, -1, -1):
-            longest = lengths[order[i]]
-            size = j - i
-            if size > 1 and size * longest > batch_tokens:
-                break  # earlier starts are only longer
-            cost = best[i] + size * longest + overhead
-            if cost < best[j]:
-                best[j], cut[j] = cost, i
-    batches, j = [], n
-    while j > 0:
-        batches.append(order[cut[j]:j])
-        j = cut[j]
-    return batches[::-1]
 
 
 def pad(seqs: list[list[int]], pad_id: int, side: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from musketeers.cache.backbone import Backbone, forward_states, length_batches, pad
+from musketeers.cache.backbone import Backbone, forward_states, pad
+from musketeers.cache.batching import length_batches
 from musketeers.cache.items import Item
 from musketeers.cache.layout import HINT_SCORES
 from musketeers.cache.pooling import random_positions

@@ -80,7 +80,7 @@ def main() -> None:
     try:
         app()  # click turns Ctrl-C into SystemExit(130); the SIGTERM handler raises 143
     except UserError as exc:
-        from musketeers.run.distributed import rank_prefix
+        from musketeers.runtime.distributed import rank_prefix
 
         print(printable(f"error: {rank_prefix()}{exc}"), file=sys.stderr)
         sys.exit(2)

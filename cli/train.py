@@ -57,9 +57,9 @@ def _train(config: Path | None = None, resume: bool = False, resume_unverified: 
     """Train the policy and adapter with GRPO on cached expert vectors."""
     from musketeers.cli.interrupt import on_interrupt
     from musketeers.config import apply_overrides, read_run_config, resolve_config, validate
-    from musketeers.run.distributed import lead
     from musketeers.run.runfolder import resume_command
     from musketeers.run.trainer import train as run_training
+    from musketeers.runtime.distributed import lead
     from musketeers.tasks.admission import admit
 
     overrides = {k: str(v) if isinstance(v, Path) else v for k, v in options.items()
@@ -137,8 +137,8 @@ def evaluate(
                                     "missing or not signed with your key")] = False,
 ) -> None:
     """Greedy accuracy of a trained run on the cached validation split."""
-    from musketeers.run.distributed import lead
     from musketeers.run.evaluate import evaluate as run_eval
+    from musketeers.runtime.distributed import lead
 
     result = run_eval(run_dir, limit=limit, no_context=no_context, unverified=unverified)
     if lead():

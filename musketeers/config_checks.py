@@ -25,7 +25,7 @@ def validate(cfg: TrainConfig) -> None:
     from musketeers.cache.reader import POOLINGS
     from musketeers.cache.tokens import CHANNELS
     from musketeers.config import CONTEXT_POSITIONS, CONTEXT_SCALES, DTYPES, SCHEDULERS, SIZE_LIMITS
-    from musketeers.method.grpo import ADVANTAGES, LOSS_NORMS, REWARD_NORMS
+    from musketeers.method.grpo_options import ADVANTAGES, LOSS_NORMS, REWARD_NORMS
     from musketeers.method.methods import names as method_names
     from musketeers.tasks import EXTRACTIONS, check_task
 

@@ -341,7 +341,7 @@ def test_a_budgets_work_is_what_the_trainer_counts_for_such_a_step():
     from types import SimpleNamespace
 
     from musketeers.bench.roofline import budget_work
-    from musketeers.run.step_profile import step_work
+    from musketeers.runtime.step_profile import step_work
 
     budget = {"prompts_per_micro": 2, "grad_accum": 3, "group_size": 4}
     rollouts = [SimpleNamespace(prompt_ids=[[1] * 10, [2] * 10], keep=torch.ones(2, dtype=bool),
@@ -353,7 +353,7 @@ def test_a_budgets_work_is_what_the_trainer_counts_for_such_a_step():
 def test_a_phase_clock_bills_queued_device_work_to_the_phase_that_queued_it():
     """On a GPU kernels run after the call that queues them returns: without a sync at the
     phase's edges, the next phase that waits for a result is billed for them."""
-    from musketeers.run.step_profile import PhaseClock
+    from musketeers.runtime.step_profile import PhaseClock
 
     queued: list[float] = []
 
@@ -373,7 +373,7 @@ def test_a_phase_clock_bills_queued_device_work_to_the_phase_that_queued_it():
 def test_micro_batches_decoded_together_take_the_steps_of_their_longest_completion():
     from types import SimpleNamespace
 
-    from musketeers.run.step_profile import decode_batches, step_work
+    from musketeers.runtime.step_profile import decode_batches, step_work
 
     def rollout(length: int) -> SimpleNamespace:  # 2 prompts of 10 tokens, G = 4
         return SimpleNamespace(prompt_ids=[[1] * 10] * 2, keep=torch.ones(2, dtype=bool),

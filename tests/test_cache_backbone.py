@@ -11,7 +11,8 @@ import pytest
 import torch
 from conftest import make_items, tiny_specs
 
-from musketeers.cache.backbone import Backbone, length_batches, want_compile
+from musketeers.cache.backbone import Backbone, want_compile
+from musketeers.cache.batching import length_batches
 from musketeers.cache.errors import UserError
 from musketeers.cache.experts import load_expert
 from musketeers.cache.precompute import PrecomputeConfig, compute_rows

@@ -6,14 +6,14 @@ import pytest
 import torch
 from test_policy import PROMPTS, ctx, make_policy
 
-from musketeers.method import policy as policy_module
-from musketeers.method.decode_graph import decode_fixed
+from musketeers.method import fast as decoding
+from musketeers.method.fast.decode_graph import decode_fixed
 from musketeers.method.sampling import kv_cache
 
 
 def fixed(monkeypatch) -> None:
     """The policy samples with the fixed-shape loop, run eagerly: what a GPU captures."""
-    monkeypatch.setattr(policy_module, "decode", partial(decode_fixed, graph=False))
+    monkeypatch.setattr(decoding, "decode", partial(decode_fixed, graph=False))
 
 
 def streams() -> list[torch.Generator]:
@@ -70,13 +70,13 @@ def test_a_cpu_policy_never_graphs_and_the_paper_budget_does_on_cuda(monkeypatch
     """Graphs are a CUDA feature: on a CPU the flag leaves the eager loop (which drops ended
     rows, faster there) in charge, so the paper budget can set it for every device."""
     from musketeers.budgets import BUDGETS
-    from musketeers.method.decode_graph import why_not_graphed
+    from musketeers.method.fast.decode_graph import why_not_graphed
 
     assert BUDGETS["paper"]["decode_graphs"] is True
     pol = make_policy("qwen2")
     pol.decode_graphs = True
     calls = []
-    monkeypatch.setattr(policy_module, "decode_fixed", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(decoding, "decode_fixed", lambda *a, **k: calls.append(1))
     pol.generate(pol.encode_prompts(PROMPTS), None, group_size=2, max_new_tokens=3)
     assert calls == []
     out, _ = pol._shared_prefill(pol.encode_prompts(PROMPTS), None, 1)

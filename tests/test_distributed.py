@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from musketeers.cache.errors import UserError
 from musketeers.checks.planted import planted_config
 from musketeers.run import checkpoint as ckpt
-from musketeers.run.distributed import World
+from musketeers.runtime.distributed import World
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TIMING = {"time_s", "phase_s", "work"}  # this rank's time, and the work it did

@@ -161,3 +161,38 @@ def test_clip_fraction_stat():
                               torch.ones(1, 4), beta=0.0, loss_norm="token")
     # A > 0: only ρ = 1.5 > 1.2 is clipped
     assert stats["clip_frac"] == pytest.approx(0.25)
+
+
+def test_the_registries_hold_exactly_the_declared_names():
+    """config validates against grpo_options; grpo registers a function under each name."""
+    from musketeers.method import grpo_options
+
+    assert tuple(grpo.ADVANTAGE_ESTIMATORS) == grpo_options.ADVANTAGES
+    assert tuple(grpo.REWARD_NORMALIZERS) == grpo_options.REWARD_NORMS
+    assert tuple(grpo.LOSS_AGGREGATIONS) == grpo_options.LOSS_NORMS
+    assert tuple(grpo.LOSS_DENOMINATORS) == grpo_options.LOSS_NORMS
+
+
+def test_an_undeclared_name_cannot_be_registered():
+    with pytest.raises(ValueError, match="not declared"):
+        grpo.register_adv_est("vtrace")
+
+
+def test_the_declared_names_import_without_torch():
+    """What config validation reads must stay cheap: no torch behind it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, musketeers.method.grpo_options as o; "
+            "print(o.ADVANTAGES, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip().endswith("False")
+
+
+def test_config_refuses_an_unregistered_advantage():
+    from musketeers.cache.errors import UserError
+    from musketeers.config import resolve_config, validate
+
+    with pytest.raises(UserError, match="unknown advantage 'vtrace'; valid: group, loo"):
+        validate(resolve_config(overrides={"advantage": "vtrace"}))

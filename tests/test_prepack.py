@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch import nn
 
-from musketeers.method import prepack
-from musketeers.method.prepack import frozen_linears, prepacked_linears, why_not_prepacked
+from musketeers.method.fast import prepack
+from musketeers.method.fast.prepack import frozen_linears, prepacked_linears, why_not_prepacked
 from tests.test_policy import PROMPTS, make_policy
 
 pytestmark = pytest.mark.skipif(why_not_prepacked(nn.Linear(2, 2)) is not None,

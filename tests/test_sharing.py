@@ -6,7 +6,8 @@ import random
 import torch
 from transformers.cache_utils import DynamicCache
 
-from musketeers.method.sharing import cache_rows, common_head, length_chunks
+from musketeers.cache.batching import length_batches
+from musketeers.method.fast.sharing import cache_rows, common_head
 
 
 def test_common_head_is_the_longest_shared_start_within_every_limit():
@@ -39,13 +40,14 @@ def test_length_chunks_cover_every_row_once_at_the_least_cost():
     for _ in range(30):
         lengths = [rng.randint(1, 32) for _ in range(rng.randint(1, 9))]
         fixed = rng.choice([0, 4, 32, 1000])
-        chunks = length_chunks(lengths, fixed)
+        chunks = length_batches(lengths, overhead=fixed)
         assert sorted(i for ch in chunks for i in ch) == list(range(len(lengths)))
         order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
         best = min(_padded_tokens(p, lengths, fixed) for p in _partitions(order))
         assert _padded_tokens(chunks, lengths, fixed) == best
-    assert length_chunks([3, 9, 3, 9], 1000) == [[1, 3, 0, 2]]  # costly forwards: one chunk
-    assert length_chunks([3, 9, 3, 9], 0) == [[1, 3], [0, 2]]  # free ones: no padding at all
+    # costly forwards: one chunk; free ones: no padding at all
+    assert length_batches([3, 9, 3, 9], overhead=1000) == [[1, 3, 0, 2]]
+    assert length_batches([3, 9, 3, 9], overhead=0) == [[1, 3], [0, 2]]
 
 
 def test_cache_rows_picks_rows_and_leaves_the_cache_and_its_gradient_path():

@@ -132,7 +132,7 @@ def test_evaluation_batches_by_length_and_keeps_the_split_order(tmp_path):
     completion it gets alone (batch 1, no padding), and the samples keep the split's order."""
     from musketeers.cache.reader import read_items
     from musketeers.run.data import scored_rows
-    from musketeers.run.evaluate import evaluate, length_batches
+    from musketeers.run.evaluate import evaluate, longest_first_batches
 
     cfg = run_cfg(tmp_path, "perceiver", steps=1)
     train(cfg)
@@ -155,5 +155,5 @@ def test_evaluation_batches_by_length_and_keeps_the_split_order(tmp_path):
     assert [r["id"] for r in rows[3]] == [r["id"] for r in rows[1]] == ids
     assert [r["completion"] for r in rows[3]] == [r["completion"] for r in rows[1]]
     lengths = [5, 9, 2, 9, 7]
-    batches = [b.tolist() for b in length_batches([[0] * n for n in lengths], 2)]
+    batches = [b.tolist() for b in longest_first_batches([[0] * n for n in lengths], 2)]
     assert batches == [[1, 3], [4, 0], [2]]

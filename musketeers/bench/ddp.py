@@ -66,8 +66,8 @@ def child(params: dict[str, Any]) -> None:
     from musketeers.bench.train_bench import force_full_length
     from musketeers.config import resolve_config
     from musketeers.run.build import build_components, make_optimizer
-    from musketeers.run.distributed import World
     from musketeers.run.trainer import train_step
+    from musketeers.runtime.distributed import World
 
     torch.set_num_threads(params["threads"])
     cfg = resolve_config(overrides={

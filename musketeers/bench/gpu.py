@@ -41,7 +41,8 @@ def bench_gpu_expert(name: str, lengths: list[int], reps: int, naive_reps: int
                      ) -> dict[str, Any]:
     """Batched backbone (the precompute path, token budget 32k) vs the naive loop, on CUDA."""
     from musketeers.bench.precompute_bench import ceiling_key, naive_loop, non_embedding_params
-    from musketeers.cache.backbone import Backbone, forward_pool, length_batches
+    from musketeers.cache.backbone import Backbone, forward_pool
+    from musketeers.cache.batching import length_batches
 
     model = random_model(PAPER_SHAPES[name], torch.bfloat16)
     rng = np.random.default_rng(0)

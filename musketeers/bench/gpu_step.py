@@ -87,7 +87,7 @@ def measure(store: Path, run_root: Path, task: str, budget: str, shape: str, rep
 
 def decode_check(shape: str, rows: int, prompt_len: int, new_tokens: int) -> dict[str, Any]:
     """Greedy decoding of the same random prompts, eager (``sampling.decode``) and replayed
-    as CUDA graphs (``decode_graph.decode_fixed``): seconds per decode step, and the share of
+    as CUDA graphs (``fast.decode_graph.decode_fixed``): seconds per decode step, and the share of
     tokens the two agree on (random weights give near-ties, where bf16's batch-shape noise
     may pick another token and every later one in its row differs)."""
     import time

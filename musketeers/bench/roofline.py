@@ -5,15 +5,15 @@ the matmul ceiling of the dtype in use (``bench.matmul``), bytes at the measured
 bandwidth (``copy_bandwidth``), whichever is slower. Its *share* of the roofline is ideal ÷
 measured: 100 % means the phase runs as fast as the hardware allows.
 
-The work comes from the step's own counts (``musketeers.run.step_profile.step_work``) and the
+The work comes from the step's own counts (``musketeers.runtime.step_profile.step_work``) and the
 policy's shape (``model_shape``):
 
 - sampling: the shared prefix [x ‖ C] once per group (compute: 2·P FLOPs per token plus
   attention), then decoding, where each step reads every weight once for all B·G rows plus
   each row's KV cache (memory), and does 2·P FLOPs per row (compute);
 - a log-prob pass (reference, loss forward): each group's prefix once, its G completions
-  against the prefix's KV (``musketeers.method.sharing``): 2·P FLOPs per token, the LM head only on
-  the completions' tokens, causal attention 2·L·d per unit of n² (``step_work``);
+  against the prefix's KV (``musketeers.method.fast.sharing``): 2·P FLOPs per token, the LM
+  head only on the completions' tokens, causal attention 2·L·d per unit of n² (``step_work``);
 - backward: the base weights are frozen (LoRA), so only input gradients flow: one forward's
   FLOPs, plus one more forward where gradient checkpointing recomputes activations.
 """
@@ -147,7 +147,7 @@ def budget_work(budget: dict[str, Any], prompt_len: int, completion_len: int,
     counted by ``step_work`` itself, on rollouts of that shape."""
     from types import SimpleNamespace
 
-    from musketeers.run.step_profile import step_work
+    from musketeers.runtime.step_profile import step_work
 
     micro, g = budget["prompts_per_micro"], budget["group_size"]
     rollout = SimpleNamespace(prompt_ids=[[0] * prompt_len] * micro,

@@ -1,4 +1,4 @@
-"""What ``Policy``'s sharing saves (``musketeers.method.sharing``): the same passes with it off
+"""What ``Policy``'s sharing saves (``musketeers.method.fast.sharing``): the same passes with it off
 (``Policy.share = False``: every prompt's tokens, completions padded to the batch's longest)
 and on, alternating in one process on one policy.
 

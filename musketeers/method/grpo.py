@@ -21,12 +21,48 @@ N = B·G rows in group-major order (row b·G + g), T completion positions, mask 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import torch
 from torch import Tensor
 
-ADVANTAGES = ("group", "loo")
-REWARD_NORMS = ("group", "task", "none")
-LOSS_NORMS = ("token", "sequence", "constant")
+from musketeers.method.grpo_options import ADVANTAGES, LOSS_NORMS, REWARD_NORMS
+
+F = TypeVar("F", bound=Callable)
+# name → function, filled by the decorators below: one lookup per option (as verl's
+# register_adv_est), its names declared torch-free in grpo_options for config validation
+REWARD_NORMALIZERS: dict[str, Callable[..., Tensor]] = {}
+ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Tensor]] = {}
+LOSS_AGGREGATIONS: dict[str, Callable[..., tuple[Tensor, Tensor | float]]] = {}
+LOSS_DENOMINATORS: dict[str, Callable[[list[int], int], float]] = {}
+
+
+def _registrar(registry: dict[str, Callable], declared: tuple[str, ...], what: str
+               ) -> Callable[[str], Callable[[F], F]]:
+    def register(name: str) -> Callable[[F], F]:
+        if name not in declared:
+            raise ValueError(f"{what} {name!r} is not declared in grpo_options")
+
+        def add(fn: F) -> F:
+            registry[name] = fn
+            return fn
+        return add
+    return register
+
+
+register_reward_norm = _registrar(REWARD_NORMALIZERS, REWARD_NORMS, "reward normalisation")
+register_adv_est = _registrar(ADVANTAGE_ESTIMATORS, ADVANTAGES, "advantage")
+register_loss_agg = _registrar(LOSS_AGGREGATIONS, LOSS_NORMS, "loss normalisation")
+register_loss_denominator = _registrar(LOSS_DENOMINATORS, LOSS_NORMS, "loss normalisation")
+
+
+def _lookup(registry: dict[str, Callable], name: str, what: str, valid: tuple[str, ...]
+            ) -> Callable:
+    try:
+        return registry[name]
+    except KeyError:
+        raise ValueError(f"unknown {what} {name!r}; valid: {', '.join(valid)}") from None
 
 
 def _group_std(rewards: Tensor) -> Tensor:
@@ -37,51 +73,62 @@ def _group_std(rewards: Tensor) -> Tensor:
     return rewards.std(dim=-1, keepdim=True, correction=1)
 
 
+@register_reward_norm("group")
+def group_zscore(rewards: Tensor, sources: list[str] | None, eps: float) -> Tensor:
+    """r̃_bg = (r_bg - mean_g r_b·) / (std_g r_b· + eps)   (GRPO, unbiased std)."""
+    return (rewards - rewards.mean(-1, keepdim=True)) / (_group_std(rewards) + eps)
+
+
+@register_reward_norm("task")
+def task_zscore(rewards: Tensor, sources: list[str] | None, eps: float) -> Tensor:
+    """r̃_bg = (r_bg - mean_{s(b')=s(b)} r) / (std_{s(b')=s(b)} r + eps): z-score over every
+    completion of every prompt from the same task source s across the batch (RLOO+ per-task
+    standardisation; unbiased std)."""
+    if sources is None or len(sources) != rewards.shape[0]:
+        raise ValueError("reward_norm='task' needs one source name per prompt (row)")
+    out = torch.empty_like(rewards)
+    for src in dict.fromkeys(sources):
+        rows = torch.tensor([s == src for s in sources], device=rewards.device)
+        vals = rewards[rows].flatten()
+        std = vals.std(correction=1) if vals.numel() > 1 else vals.new_zeros(())
+        out[rows] = (rewards[rows] - vals.mean()) / (std + eps)
+    return out
+
+
+@register_reward_norm("none")
+def raw_rewards(rewards: Tensor, sources: list[str] | None, eps: float) -> Tensor:
+    """r̃ = r."""
+    return rewards
+
+
 def normalize_rewards(
     rewards: Tensor, mode: str = "group", sources: list[str] | None = None, eps: float = 1e-6
 ) -> Tensor:
-    """Reward standardisation before advantages.
+    """Reward standardisation before advantages: the function registered under ``mode``
+    (group, task, none)."""
+    fn = _lookup(REWARD_NORMALIZERS, mode, "reward normalisation", REWARD_NORMS)
+    return fn(rewards.float(), sources, eps)
 
-    group: r̃_bg = (r_bg - mean_g r_b·) / (std_g r_b· + eps)          (GRPO, unbiased std)
-    task:  r̃_bg = (r_bg - mean_{s(b')=s(b)} r) / (std_{s(b')=s(b)} r + eps)
-           z-score over every completion of every prompt from the same task source s
-           across the batch (RLOO+ per-task standardisation; unbiased std)
-    none:  r̃ = r
-    """
-    rewards = rewards.float()
-    if mode == "group":
-        return (rewards - rewards.mean(-1, keepdim=True)) / (_group_std(rewards) + eps)
-    if mode == "none":
-        return rewards
-    if mode == "task":
-        if sources is None or len(sources) != rewards.shape[0]:
-            raise ValueError("reward_norm='task' needs one source name per prompt (row)")
-        out = torch.empty_like(rewards)
-        for src in dict.fromkeys(sources):
-            rows = torch.tensor([s == src for s in sources], device=rewards.device)
-            vals = rewards[rows].flatten()
-            std = vals.std(correction=1) if vals.numel() > 1 else vals.new_zeros(())
-            out[rows] = (rewards[rows] - vals.mean()) / (std + eps)
-        return out
-    raise ValueError(f"unknown reward normalisation {mode!r}; valid: {', '.join(REWARD_NORMS)}")
+
+@register_adv_est("group")
+def group_relative(rewards: Tensor, eps: float) -> Tensor:
+    """A_i = (r_i - mean_j r_j) / (std_j r_j + eps)   (GRPO, unbiased std)."""
+    return group_zscore(rewards, None, eps)
+
+
+@register_adv_est("loo")
+def leave_one_out(rewards: Tensor, eps: float) -> Tensor:
+    """A_i = r_i - 1/(G-1) Σ_{j≠i} r_j = G/(G-1) · (r_i - mean_j r_j)   (RLOO)."""
+    g = rewards.shape[-1]
+    if g < 2:
+        raise ValueError("leave-one-out advantages need a group size G >= 2")
+    return g / (g - 1) * (rewards - rewards.mean(-1, keepdim=True))
 
 
 def group_advantages(rewards: Tensor, kind: str = "group", eps: float = 1e-6) -> Tensor:
-    """Per-completion advantage A_bg from a group's rewards.
-
-    group: A_i = (r_i - mean_j r_j) / (std_j r_j + eps)     (GRPO, unbiased std)
-    loo:   A_i = r_i - 1/(G-1) Σ_{j≠i} r_j = G/(G-1) · (r_i - mean_j r_j)   (RLOO)
-    Both sum to zero within a group.
-    """
-    rewards = rewards.float()
-    if kind == "group":
-        return normalize_rewards(rewards, "group", eps=eps)
-    if kind == "loo":
-        g = rewards.shape[-1]
-        if g < 2:
-            raise ValueError("leave-one-out advantages need a group size G >= 2")
-        return g / (g - 1) * (rewards - rewards.mean(-1, keepdim=True))
-    raise ValueError(f"unknown advantage {kind!r}; valid: {', '.join(ADVANTAGES)}")
+    """Per-completion advantage A_bg from a group's rewards: the estimator registered under
+    ``kind`` (group, loo). Both sum to zero within a group."""
+    return _lookup(ADVANTAGE_ESTIMATORS, kind, "advantage", ADVANTAGES)(rewards.float(), eps)
 
 
 def compute_advantages(
@@ -136,44 +183,67 @@ def clipped_surrogate(
     return torch.minimum(ratio * adv, clipped * adv)
 
 
+@register_loss_agg("token")
+def token_mean(masked: Tensor, mask: Tensor, max_len: int | None
+               ) -> tuple[Tensor, Tensor | float]:
+    """Σ_{n,t} x m / Σ_{n,t} m   (DAPO token-level mean)."""
+    return masked.sum(), mask.sum().clamp(min=1)
+
+
+@register_loss_agg("sequence")
+def sequence_mean(masked: Tensor, mask: Tensor, max_len: int | None
+                  ) -> tuple[Tensor, Tensor | float]:
+    """1/N Σ_n (Σ_t x m / Σ_t m)   (original GRPO)."""
+    return (masked.sum(-1) / mask.sum(-1).clamp(min=1)).sum(), masked.shape[0]
+
+
+@register_loss_agg("constant")
+def constant_length(masked: Tensor, mask: Tensor, max_len: int | None
+                    ) -> tuple[Tensor, Tensor | float]:
+    """Σ_{n,t} x m / (N · L_max), L_max = max_len or T   (Dr. GRPO, no length bias)."""
+    length = max_len if max_len is not None else masked.shape[-1]
+    return masked.sum(), masked.shape[0] * length
+
+
 def aggregate(
     per_token: Tensor, mask: Tensor, mode: str = "token", max_len: int | None = None,
     denominator: float | None = None,
 ) -> Tensor:
-    """Reduce a per-token objective [N, T] over real tokens (mask) to a scalar.
-
-    token:    Σ_{n,t} x m / Σ_{n,t} m                       (DAPO token-level mean)
-    sequence: 1/N Σ_n (Σ_t x m / Σ_t m)                     (original GRPO)
-    constant: Σ_{n,t} x m / (N · L_max), L_max = max_len or T   (Dr. GRPO, no length bias)
+    """Reduce a per-token objective [N, T] over real tokens (mask) to a scalar, by the
+    aggregation registered under ``mode`` (token, sequence, constant).
 
     ``denominator`` replaces the batch's own Σ m, N or N · L_max by the whole update's
     (``loss_denominator``): the micro-batches of one update then sum to its exact loss.
     """
+    fn = _lookup(LOSS_AGGREGATIONS, mode, "loss normalisation", LOSS_NORMS)
     mask = mask.to(per_token.dtype)
-    masked = per_token * mask
-    if mode == "token":
-        num, den = masked.sum(), mask.sum().clamp(min=1)
-    elif mode == "sequence":
-        num, den = (masked.sum(-1) / mask.sum(-1).clamp(min=1)).sum(), per_token.shape[0]
-    elif mode == "constant":
-        length = max_len if max_len is not None else per_token.shape[-1]
-        num, den = masked.sum(), per_token.shape[0] * length
-    else:
-        raise ValueError(f"unknown loss normalisation {mode!r}; valid: {', '.join(LOSS_NORMS)}")
+    num, den = fn(per_token * mask, mask, max_len)
     return num / (den if denominator is None else denominator)
 
 
+@register_loss_denominator("token")
+def update_tokens(lengths: list[int], max_len: int) -> float:
+    """Σ lengths: every completion token of the update."""
+    return float(max(sum(lengths), 1))
+
+
+@register_loss_denominator("sequence")
+def update_sequences(lengths: list[int], max_len: int) -> float:
+    """The number of completions of the update."""
+    return float(len(lengths))
+
+
+@register_loss_denominator("constant")
+def update_constant(lengths: list[int], max_len: int) -> float:
+    """The number of completions times ``max_len``."""
+    return float(len(lengths) * max_len)
+
+
 def loss_denominator(lengths: list[int], mode: str, max_len: int) -> float:
-    """``aggregate``'s denominator over every completion of one update (their token counts):
-    Σ lengths (token), the number of completions (sequence) or that times ``max_len``
-    (constant). Each micro-batch's loss over it, summed, is the loss of the whole batch."""
-    if mode == "token":
-        return float(max(sum(lengths), 1))
-    if mode == "sequence":
-        return float(len(lengths))
-    if mode == "constant":
-        return float(len(lengths) * max_len)
-    raise ValueError(f"unknown loss normalisation {mode!r}; valid: {', '.join(LOSS_NORMS)}")
+    """``aggregate``'s denominator over every completion of one update (their token counts),
+    registered under ``mode``: each micro-batch's loss over it, summed, is the loss of the
+    whole batch."""
+    return _lookup(LOSS_DENOMINATORS, mode, "loss normalisation", LOSS_NORMS)(lengths, max_len)
 
 
 def grpo_loss(

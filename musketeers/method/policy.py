@@ -11,7 +11,7 @@ Where C goes (``context_position``). x is the input; the chat template's generat
 the header, ``before_prompt`` before everything. The paper initialises W_out near zero so that
 C ≈ 0 leaves the initial policy as it was (Eq. 11); only the first and last placements keep
 that promise. Measured on 8 arithmetic prompts, KL of the first completion token between
-π(·|x) and π(·|[x ‖ 0]) in nats (``python -m musketeers.method.probe --policy <name>``; the
+π(·|x) and π(·|[x ‖ 0]) in nats (``python -m musketeers.bench.zero_context --policy <name>``; the
 SmolLM2 rows are checked by a test in tests/test_policy.py):
 
     policy                  m   after_prompt   before_generation_prompt   before_prompt
@@ -37,8 +37,6 @@ equal those of each sequence alone.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from functools import partial
 from typing import Any, NamedTuple
 
 import torch
@@ -46,19 +44,19 @@ from peft import LoraConfig, get_peft_model
 from torch import Tensor
 
 from musketeers.cache.backbone import pad
+from musketeers.cache.batching import length_batches
 from musketeers.cache.prompts import generation_prompt_len, render_prompt
 from musketeers.config import CONTEXT_POSITIONS
-from musketeers.method.decode_graph import decode_fixed, why_not_graphed
+from musketeers.method.fast import fast_decode
+from musketeers.method.fast.sharing import cache_rows, common_head
 from musketeers.method.policy_model import (
     contiguous_input,
     target_modules,
     teacher_forced_attention,
 )
-from musketeers.method.prepack import prepacked_linears
-from musketeers.method.sampling import CACHE_KW, decode, kv_cache, token_logprobs
-from musketeers.method.sharing import cache_rows, common_head, length_chunks
+from musketeers.method.sampling import CACHE_KW, kv_cache, token_logprobs
 
-# A forward's own cost, in tokens, when completions are split by length (length_chunks): on a
+# A forward's own cost, in tokens, when completions are split by length (length_batches): on a
 # CPU a pass reads every weight once whatever it computes. Accelerators run one chunk: padding
 # is cheap there until the device saturates, and no split was measured on one.
 CHUNK_COST = 32
@@ -107,9 +105,9 @@ class Policy:
         # False: every prompt's tokens run and completions pad to the batch's longest, the
         # baseline ``python -m musketeers.bench --only sharing`` measures sharing against
         self.share = True
-        # on CUDA, with a model that allows it: ``decode_graph.decode_fixed`` (CUDA graphs)
+        # on CUDA, with a model that allows it: ``fast.decode_graph.decode_fixed`` (CUDA graphs)
         self.decode_graphs = False
-        # on CPU: the frozen weights of each decode step prepacked for oneDNN (``prepack``)
+        # on CPU: the frozen weights of each decode step prepacked for oneDNN (``fast.prepack``)
         self.prepack_decode = True
         self.generation_prompt_len = generation_prompt_len(tokenizer)
         emb = self.model.get_input_embeddings()
@@ -234,18 +232,12 @@ class Policy:
         if max_new_tokens < 1:
             return [[] for _ in range(len(prompt_ids) * group_size)]
         pre, mask = self._shared_prefill(prompt_ids, context, group_size)
-        graphed = (self.decode_graphs and self.device.type == "cuda"
-                   and why_not_graphed(self.model, kv_cache(pre)) is None)
-        loop = partial(decode_fixed, graph=True) if graphed else decode
-        rows = len(prompt_ids) * group_size
-        packed = (prepacked_linears(self.model, rows) if self.prepack_decode and not graphed
-                  else nullcontext())
-        with packed:
-            out = loop(
-                self.model, pre.logits[:, -1].repeat_interleave(group_size, dim=0),
-                kv_cache(pre), mask.repeat_interleave(group_size, dim=0),
-                max_new_tokens=max_new_tokens, eos_ids=self.eos_ids, pad_id=self.pad_id,
-                temperature=temperature, top_p=top_p, greedy=greedy, generator=generator)
+        out = fast_decode(
+            self.model, pre.logits[:, -1].repeat_interleave(group_size, dim=0),
+            kv_cache(pre), mask.repeat_interleave(group_size, dim=0),
+            graphs=self.decode_graphs, prepack=self.prepack_decode,
+            max_new_tokens=max_new_tokens, eos_ids=self.eos_ids, pad_id=self.pad_id,
+            temperature=temperature, top_p=top_p, greedy=greedy, generator=generator)
         return [self._strip(row) for row in out.tolist()]
 
     def _strip(self, row: list[int]) -> list[int]:
@@ -312,7 +304,7 @@ class Policy:
         completions of a group flow back into its one prefix pass (the sum a G-fold copy would
         give). Every prefix ends at column P, so the prefix pass's last logits predict every
         completion's first token. A chunk is right-padded only to its own longest completion
-        (``sharing.length_chunks``), not to the batch's.
+        (``cache.batching.length_batches``), not to the batch's.
         """
         g = len(completion_ids) // len(prompts)
         if g * len(prompts) != len(completion_ids):
@@ -323,7 +315,8 @@ class Policy:
         lengths = [len(c) for c in completion_ids]
         t = max(lengths)
         fixed = CHUNK_COST if self.share and self.device.type == "cpu" else None
-        chunks = length_chunks(lengths, fixed) if fixed is not None else [range(len(lengths))]
+        chunks = (length_batches(lengths, overhead=fixed) if fixed is not None
+                  else [range(len(lengths))])
         pieces, order = [], []
         _, mask = pad(completion_ids, self.pad_id, "right")
         for chunk in chunks:

@@ -11,7 +11,7 @@ micro-batch:
      standardisation pools every prompt of a task in the update (per micro-batch, most
      prompts had no other of their dataset and LOO only rescaled GRPO); the
      ``shuffled_reward`` control permutes each group's rewards here; under data parallelism
-     each rank gathers every rank's rewards first (``musketeers.run.distributed``);
+     each rank gathers every rank's rewards first (``musketeers.runtime.distributed``);
   3. ``reference_passes``: old and reference log-probs of the groups that enter the loss.
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -30,9 +30,9 @@ from musketeers.config import TrainConfig
 from musketeers.method import methods
 from musketeers.method.expert_tokens import ExpertInput
 from musketeers.method.grpo import compute_advantages, zero_variance_groups
-from musketeers.run.data import SplitData, derived_seed
-from musketeers.run.distributed import World
-from musketeers.run.step_profile import decode_batches
+from musketeers.runtime.distributed import World
+from musketeers.runtime.seeds import derived_seed
+from musketeers.runtime.step_profile import decode_batches
 
 # (step, tensor name, tensor) -> tensor: lets tests inject faults (NaN) at named points.
 FaultHook = Callable[[int, str, torch.Tensor], torch.Tensor]
@@ -44,6 +44,17 @@ _SHUFFLE_TAG = 0x5F1E  # derived_seed stream of the shuffled_reward control
 _NO_CONTEXT_TAG = 0x0C7A  # ... and of Figure 5's samples without C
 _SAMPLE_TAG = 0x5A3D  # ... of each prompt's completions
 _ADAPTER_TAG = 0xAD7A  # ... of a micro-batch's adapter draws (hard routing's Gumbel noise)
+
+
+class Batches(Protocol):
+    """What a rollout reads of a split, passed in by the run (its ``SplitData`` is one)."""
+
+    def __len__(self) -> int: ...
+
+    def batch(self, idx: torch.Tensor
+              ) -> tuple[list[Item], list[torch.Tensor], torch.Tensor | None]:
+        """The rows ``idx``: their items, pooled vectors per expert, router embeddings."""
+        ...
 
 
 class NonFiniteError(UserError):
@@ -141,7 +152,7 @@ def policy_score(item: Item, text: str, extraction: str = "strict") -> float:
     return float(score(item, text, extraction))
 
 
-def sample(cfg: TrainConfig, step: int, policy, adapter, data: SplitData,
+def sample(cfg: TrainConfig, step: int, policy, adapter, data: Batches,
            chunks: list[tuple[torch.Tensor, list[int]]], fault: FaultHook | None,
            vector_source: VectorSource | None) -> list[Rollout]:
     """Pass 1: sample G completions for each prompt of each micro-batch ``(rows, positions
@@ -171,7 +182,7 @@ def sample(cfg: TrainConfig, step: int, policy, adapter, data: SplitData,
     return rollouts
 
 
-def _prepare(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, rows: torch.Tensor,
+def _prepare(cfg: TrainConfig, step: int, policy, adapter, data: Batches, rows: torch.Tensor,
              positions: list[int], vector_source: VectorSource | None) -> Rollout:
     """A micro-batch's prompts and C, before anything is sampled."""
     items, vectors, router = data.batch(rows)
@@ -260,14 +271,14 @@ def reference_passes(cfg: TrainConfig, policy, r: Rollout) -> None:
                                                        temperature=cfg.temperature)
 
 
-def no_context_reward(cfg: TrainConfig, step: int, policy, data: SplitData,
+def no_context_reward(cfg: TrainConfig, step: int, policy, data: Batches,
                       rows: torch.Tensor, positions: list[int] | None = None) -> float:
     """Mean reward of π_θ(y | x) — the policy alone, no context positions — on the step's own
     prompts (the paper's Figure 5 against π_θ(y | [x ‖ C])); see ``no_context_scores``."""
     return float(np.mean(no_context_scores(cfg, step, policy, data, rows, positions)))
 
 
-def no_context_scores(cfg: TrainConfig, step: int, policy, data: SplitData,
+def no_context_scores(cfg: TrainConfig, step: int, policy, data: Batches,
                       rows: torch.Tensor, positions: list[int] | None = None) -> list[float]:
     """The scores behind ``no_context_reward``, G per prompt of ``rows`` (at ``positions`` of
     the update; default 0, 1, ...).

@@ -18,8 +18,8 @@ import torch
 
 from musketeers.config import TrainConfig
 from musketeers.method import methods
-from musketeers.method.rollout import adapter_context
-from musketeers.run.data import SplitData, derived_seed
+from musketeers.method.rollout import Batches, adapter_context
+from musketeers.runtime.seeds import derived_seed
 
 log = logging.getLogger("musketeers.method.warmup")
 _WARMUP_TAG = 0x3A2F  # derived_seed stream of the warm-up's item draws
@@ -31,7 +31,7 @@ def gold_completion(policy, answer: str) -> list[int]:
     return ids + [policy.eos_ids[0]]
 
 
-def gold_nll(policy, adapter, data: SplitData, rows: torch.Tensor, device: str
+def gold_nll(policy, adapter, data: Batches, rows: torch.Tensor, device: str
              ) -> torch.Tensor:
     """Mean per-token NLL of the gold completions of ``rows`` given [x ‖ C] (grad through C)."""
     items, vectors, router = data.batch(rows)
@@ -49,7 +49,7 @@ def warms_up(cfg: TrainConfig, adapter) -> bool:
             and (learns or cfg.warmup_policy_lr > 0))
 
 
-def warm_up_adapter(cfg: TrainConfig, policy, adapter, data: SplitData) -> list[dict[str, Any]]:
+def warm_up_adapter(cfg: TrainConfig, policy, adapter, data: Batches) -> list[dict[str, Any]]:
     """``cfg.adapter_warmup`` AdamW steps on φ (lr ``adapter_warmup_lr``), a batch of
     ``adapter_warmup_batch`` train items each (0: one GRPO update's prompts); one metrics row
     per step. The policy's LoRA is frozen meanwhile, or fitted beside φ at ``warmup_policy_lr``

@@ -23,6 +23,7 @@ from musketeers.cache.tokens import POOLED, TokenRows
 from musketeers.config import TrainConfig
 from musketeers.method import methods
 from musketeers.method.expert_tokens import ExpertInput, ExpertTokens
+from musketeers.runtime.seeds import derived_seed
 from musketeers.tasks import read_checked_items
 
 HINTS_HEADER = "[Expert Hints]"
@@ -90,13 +91,6 @@ class SplitData:
             vectors = [ExpertTokens(*map(torch.from_numpy, t.padded(rows))) for t in self.tokens]
         router = self.router[idx] if self.router is not None else None
         return items, vectors, router
-
-
-def derived_seed(*keys: int) -> int:
-    """A 63-bit seed from integer keys (run seed, stream tag, step, ...): independent streams
-    that depend on nothing but their keys, so resuming or logging more changes none of them."""
-    return int(np.random.SeedSequence([k & 0xFFFFFFFF for k in keys]).generate_state(2,
-               np.uint64)[0] >> 1)
 
 
 _EPOCH_TAG = 0xE90C

@@ -36,8 +36,8 @@ from musketeers.method.rollout import adapter_context, policy_score
 from musketeers.run import checkpoint as ckpt
 from musketeers.run import runfolder
 from musketeers.run.build import PolicyFactory, build_components
-from musketeers.run.distributed import World
 from musketeers.run.runlog import by_source, eval_files
+from musketeers.runtime.distributed import World
 from musketeers.tasks import extract_answer
 
 
@@ -80,7 +80,7 @@ def _evaluate(cfg, run_dir: Path, world: World, again: str, *, limit: int | None
     use_adapter = None if no_context else adapter
     prompts = policy.encode_prompts(data.items)
     by_sample: dict[int, dict[str, Any]] = {}
-    mine = length_batches(prompts, batch_size)[world.rank::world.world]
+    mine = longest_first_batches(prompts, batch_size)[world.rank::world.world]
     with progress(f"eval {run_dir.name}", total=sum(len(r) for r in mine), unit="items") as bar, \
             torch.no_grad():
         for rows in mine:
@@ -179,8 +179,9 @@ def load_newest(run_dir: Path, model: torch.nn.Module, adapter: torch.nn.Module 
                     f"{shlex.quote(str(run_dir))}")
 
 
-def length_batches(prompts: list[list[int]], batch_size: int) -> list[torch.Tensor]:
-    """Row indices in batches of prompts of similar length, longest first.
+def longest_first_batches(prompts: list[list[int]], batch_size: int) -> list[torch.Tensor]:
+    """Row indices in batches of ``batch_size`` rows, the prompts sorted longest first (a fixed
+    size: greedy decoding's rows run to their own ends, no cost model to minimise).
 
     A batch is left-padded to its longest prompt and the prefill computes every pad column:
     in split order, algorithmic:easy@direct's prompts (mean 131 tokens, up to 269) padded a

@@ -15,7 +15,7 @@ One step, as in the paper's appendix 7:
 No expert model is loaded: the pooled vectors of the whole split are read from the cache once.
 
 Under ``torchrun`` each rank samples its share of the step's prompts and the ranks exchange
-rewards, lengths, gradients and metrics (``musketeers.run.distributed``): N ranks make the same
+rewards, lengths, gradients and metrics (``musketeers.runtime.distributed``): N ranks make the same
 run as one. Rank 0 alone holds the run folder's lock and writes metrics, logs and checkpoints,
 which carry nothing of a rank, so a run resumes with any number of ranks.
 """
@@ -58,7 +58,6 @@ from musketeers.run import checkpoint as ckpt
 from musketeers.run import runfolder
 from musketeers.run.build import PolicyFactory, build_components, fetch_policy, make_optimizer
 from musketeers.run.data import SplitData, epoch_rows
-from musketeers.run.distributed import World
 from musketeers.run.runlog import (
     log_tb,
     mean_or_none,
@@ -66,7 +65,8 @@ from musketeers.run.runlog import (
     summarize,
     tensorboard,
 )
-from musketeers.run.step_profile import PhaseClock, step_work
+from musketeers.runtime.distributed import World
+from musketeers.runtime.step_profile import PhaseClock, step_work
 
 log = logging.getLogger("musketeers.train")
 
