@@ -34,9 +34,9 @@ ARMS = (OURS, CONTROL)
 # job"): pocket-positive's reader (standardised vectors, C at the embeddings' scale, φ and the
 # LoRA fitted together by supervision), shrunk to minutes for the 135M policy.
 LIMIT = 192  # items per split precomputed; the warm-up draws from the train split
-EVAL_ITEMS = 96
-WARMUP = 40
-STEPS = 3
+EVAL_ITEMS = 64
+WARMUP = 24
+STEPS = 2
 REGIME: dict[str, Any] = dict(
     latents=8, pooling="last", standardize_experts=True, context_scale="embedding",
     adapter_warmup_batch=8, adapter_warmup_lr=1e-3, warmup_policy_lr=3e-4,
