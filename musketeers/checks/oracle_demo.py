@@ -17,7 +17,7 @@ claim (the pocket-positive grid makes the claim over seeds).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -192,10 +192,18 @@ def check_positive(n: int, warmup: int, steps: int, eval_items: int) -> None:
                         f"pass --limit {eval_items} or more")
 
 
-def run_name(method: str, seed: int, warmup: int, steps: int) -> str:
+def run_name(cfg: TrainConfig) -> str:
     """A run folder per arm and setting: a re-run with the same settings resumes or reuses
-    it, one with other settings gets its own (never a refused --resume)."""
-    return f"demo-oracle-w{warmup}-g{steps}-s{seed}-{method}"
+    it; one with other settings (steps, policy, task, ...) gets its own, never a refused
+    --resume or another setting's evaluation. The digest leaves out where things live and
+    how many items are graded (a new --eval-items re-evaluates the same run)."""
+    import dataclasses
+    import hashlib
+
+    keep = {k: v for k, v in dataclasses.asdict(cfg).items()
+            if k not in ("run_dir", "cache_dir", "eval_limit")}
+    digest = hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()
+    return f"demo-oracle-{cfg.method}-s{cfg.seed}-{digest[:8]}"
 
 
 def run_demo(*, task: str = TASK, team_file: Path = TEAM_FILE, policy: str = POLICY,
@@ -212,9 +220,9 @@ def run_demo(*, task: str = TASK, team_file: Path = TEAM_FILE, policy: str = POL
     samples = {}
     for method in ARMS:
         cfg = demo_config(method, seed=seed, warmup=warmup, steps=steps, eval_items=eval_items,
-                          cache_dir=cache_root(cache_dir),
-                          run_dir=Path(runs) / run_name(method, seed, warmup, steps),
-                          task=task, policy=policy, team_file=team_file)
+                          cache_dir=cache_root(cache_dir), run_dir=Path(runs), task=task,
+                          policy=policy, team_file=team_file)
+        cfg = replace(cfg, run_dir=str(Path(runs) / run_name(cfg)))
         samples[method] = run_arm(cfg, eval_items)
     return (compare(samples[OURS], samples[CONTROL]),
             constant_baseline(task, samples[OURS], limit))
