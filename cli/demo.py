@@ -106,7 +106,7 @@ def oracle(
               eval_items=od.EVAL_ITEMS if eval_items is None else eval_items)
     comparison, const = od.run_demo(**kw, seed=seed, cache_dir=cache_dir, runs=runs)
     for line in od.report(comparison, const, task=kw["task"], warmup=kw["warmup"],
-                          steps=kw["steps"], seed=seed,
+                          steps=kw["steps"], seed=seed, policy=kw["policy"],
                           minutes=(time.monotonic() - start) / 60):
         typer.echo(line)
 

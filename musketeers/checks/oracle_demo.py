@@ -150,16 +150,16 @@ def constant_baseline(task: str, samples: Path, train_limit: int) -> tuple[str, 
 
 
 def report(c: Comparison, const: tuple[str, float], *, task: str, warmup: int, steps: int,
-           seed: int, minutes: float | None = None) -> list[str]:
+           seed: int, policy: str = POLICY, minutes: float | None = None) -> list[str]:
     """What a newcomer reads: each arm, the difference with its interval, and what it means."""
     mde_text = f"{c.mde:.1f}" if c.mde is not None else "undefined (the arms disagree on no item)"
     lines = [
-        f"oracle demo: SmolLM2-135M policy on {task}, seed {seed}, {warmup} supervised "
+        f"oracle demo: the {policy} policy on {task}, seed {seed}, {warmup} supervised "
         f"warm-up steps then {steps} GRPO steps per arm; greedy exact on the same {c.n} "
         "validation items",
         f"  Ours, C from the oracle's vectors of the item itself   {c.ours:5.1f} %",
         f"  control, C from another item's vectors (shuffled)     {c.control:5.1f} %",
-        f"  best constant answer ({const[0]!r}, no question read)    {const[1]:5.1f} %",
+        f"  best constant answer, {const[0]!r} to every question          {const[1]:5.1f} %",
         f"  Ours − control: {c.diff:+.1f} points, 95 % interval {c.low:+.1f} to {c.high:+.1f} "
         f"(paired over items, SE {c.se:.1f}); McNemar exact p = {c.mcnemar_p:.2g} "
         f"({c.ours_only} items only Ours gets right, {c.control_only} only the control)",
