@@ -163,7 +163,10 @@ def report(c: Comparison, const: tuple[str, float], *, task: str, warmup: int, s
         f"  Ours − control: {c.diff:+.1f} points, 95 % interval {c.low:+.1f} to {c.high:+.1f} "
         f"(paired over items, SE {c.se:.1f}); McNemar exact p = {c.mcnemar_p:.2g} "
         f"({c.ours_only} items only Ours gets right, {c.control_only} only the control)",
-        f"  smallest difference these {c.n} items detect with 80 % power: {mde_text} points",
+        f"  smallest difference these {c.n} items detect with 80 % power: {mde_text} points"
+        # the paired SE counts only disagreements: with few of them it is itself rough
+        + (" (rough: fewer than 10 items disagree)" if c.ours_only + c.control_only < 10
+           else ""),
     ]
     if c.clear and c.diff > 0:
         verdict = ("the item's own oracle vectors raise exact beyond the interval's noise: "
