@@ -146,7 +146,7 @@ def _null_rejections(item_var, sims: int = 1000, k: int = 4, n: int = 400) -> fl
         d = 100.0 * (x.astype(float) - y)
         var, df = item_var(d)
         t = stats.paired_seed_test(list(d.mean(axis=1)), item_se=float(np.sqrt(var)), items=n,
-                                   item_df=df)
+                                   item_df=df, floor=stats.residual_floor(d))
         rejected += t.p < 0.05
     return rejected / sims
 
@@ -168,8 +168,27 @@ def test_the_crossed_items_component_leaves_the_residual_to_the_seeds():
     assert var < d.mean(axis=0).var(ddof=1) / n  # the residual's share is taken out
     assert var == pytest.approx(4.0 / n, rel=0.5) and 0 < df < n
     assert stats.crossed_items(np.zeros((3, 10))) == (0.0, 0.0)
+    assert stats.residual_floor(d)[0] == pytest.approx(36.0 / (k * n), rel=0.2)
     one, df1 = stats.crossed_items(d[:1])
     assert one == pytest.approx(d[0].var(ddof=1) / n) and df1 == n - 1
+
+
+def test_seeds_that_differ_by_the_same_one_item_are_not_a_certain_difference():
+    """Three seeds, each one item behind on 400 graded alike otherwise: the per-seed
+    differences agree exactly (no spread) and no item is consistently behind, yet the test
+    keeps the residual's noise of the mean and finds nothing."""
+    rng = np.random.default_rng(0)
+    d = np.zeros((3, 400))
+    flips = rng.choice(400, size=(3, 7), replace=False)
+    for s, items in enumerate(flips):  # 3 items lost and 3 won per seed, then one more lost
+        d[s, items[:4]], d[s, items[4:]] = -100.0, 100.0
+    var, df = stats.crossed_items(d)
+    bare = stats.paired_seed_test(list(d.mean(axis=1)), item_se=float(np.sqrt(var)),
+                                  items=400, item_df=df)
+    assert bare.diff == pytest.approx(-0.25) and bare.seed_var == 0 and bare.p < 0.05
+    t = stats.paired_seed_test(list(d.mean(axis=1)), item_se=float(np.sqrt(var)), items=400,
+                               item_df=df, floor=stats.residual_floor(d))
+    assert t.p > 0.5 and t.low < 0 < t.high
 
 
 def test_one_seed_is_descriptive_only():

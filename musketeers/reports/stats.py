@@ -69,15 +69,18 @@ def satterthwaite(parts: list[tuple[float, float]]) -> float:
 
 
 def crossed_items(d: np.ndarray) -> tuple[float, float]:
-    """The items' share of the variance of a seeds × items mean, and its degrees of freedom.
+    """What the items add to the seeds' variance of a seeds × items mean, and its df.
 
     ``d`` [k seeds, n items] (points): d_si = μ + a_s + b_i + e_si. The mean's variance is
-    σ_a²/k + σ_b²/n + σ_e²/(kn); the per-seed differences' spread estimates the first and
-    last terms together (their variance / k = MS_seeds / kn), so only σ_b²/n is added here:
-    (MS_items − MS_residual) / kn, clamped at 0. The variance of the seed-averaged item
-    differences alone (MS_items / kn) would count σ_e²/(kn) a second time. Degrees of freedom:
-    Welch–Satterthwaite's for the difference of the two mean squares. On one seed there is no
-    residual to take out: MS_items / n, with n − 1 df.
+    σ_a²/k + σ_b²/n + σ_e²/(kn) = (E[MS_seeds] + E[MS_items] − E[MS_residual]) / kn. The
+    per-seed differences' spread gives MS_seeds / kn (``paired_seed_test``'s seed part); this
+    returns the rest, (MS_items − MS_residual) / kn for the items' component σ_b²/n, clamped
+    at 0. The variance of the seed-averaged item differences alone (MS_items / kn) would count
+    σ_e²/(kn) a second time.
+
+    Degrees of freedom: Welch–Satterthwaite's for the difference of the two mean squares. On
+    one seed: MS_items / kn with n − 1 df. The mean's variance is never below the residual's
+    own share (``residual_floor``), which ``paired_seed_test`` keeps as a floor.
     """
     d = np.asarray(d, dtype=float)
     k, n = d.shape
@@ -89,16 +92,30 @@ def crossed_items(d: np.ndarray) -> tuple[float, float]:
         return ms_items / n, float(n - 1)
     resid = d - d.mean(axis=1, keepdims=True) - items + d.mean()
     ms_resid = float((resid ** 2).sum()) / ((k - 1) * (n - 1))
-    var = (ms_items - ms_resid) / (k * n)
-    if var <= 0:
+    if ms_items <= ms_resid:
         return 0.0, 0.0
+    var = (ms_items - ms_resid) / (k * n)
     denom = ms_items ** 2 / (n - 1) + ms_resid ** 2 / ((k - 1) * (n - 1))
-    return var, (ms_items - ms_resid) ** 2 / denom if denom > 0 else float("inf")
+    return var, (ms_items - ms_resid) ** 2 / denom
+
+
+def residual_floor(d: np.ndarray) -> tuple[float, float] | None:
+    """(σ_e²/(kn), its df): the least variance a seeds × items mean has, whatever its seeds'
+    and items' parts are estimated at (MS_residual / kn, (k − 1)(n − 1) df). None under 2
+    seeds or items."""
+    d = np.asarray(d, dtype=float)
+    k, n = d.shape
+    if k < 2 or n < 2:
+        return None
+    resid = d - d.mean(axis=1, keepdims=True) - d.mean(axis=0) + d.mean()
+    df = (k - 1) * (n - 1)
+    return float((resid ** 2).sum()) / df / (k * n), float(df)
 
 
 def paired_seed_test(diffs: list[float], alpha: float = ALPHA,
                      item_se: float | None = None, items: int = 0,
-                     item_df: float | None = None) -> SeedTest:
+                     item_df: float | None = None,
+                     floor: tuple[float, float] | None = None) -> SeedTest:
     """The paired t over seeds of per-seed differences ``diffs`` (points).
 
     Every seed grades the same items, so the items' share of the noise is common to all
@@ -107,6 +124,8 @@ def paired_seed_test(diffs: list[float], alpha: float = ALPHA,
     the degrees of freedom are Welch–Satterthwaite's over the two (k − 1 where the seeds
     dominate; three seeds that differ by the same one item do not make a test certain).
     ``item_df``: the item part's degrees of freedom (``crossed_items``'), else items − 1.
+    ``floor`` (variance, df): where the parts sum to less, the test uses it instead
+    (``residual_floor``: seeds that agree exactly by chance, no item effect).
     """
     d = np.round(np.asarray(diffs, dtype=float), 9)  # exacts are shares: no float dust
     k = len(d)
@@ -118,6 +137,8 @@ def paired_seed_test(diffs: list[float], alpha: float = ALPHA,
     seed_var = float(d.var(ddof=1))
     item_var, items = (item_se * item_se, items) if item_se is not None else (0.0, 0)
     se, df = _noise(seed_var, k, item_var, items, item_df)
+    if floor is not None and se * se < floor[0]:
+        se, df = math.sqrt(floor[0]), floor[1]
     crit = float(sps.t.ppf(1 - alpha / 2, df))
     if se == 0.0:  # every seed and item agree: no spread to weigh the difference against
         p = 1.0 if mean == 0 else 0.0

@@ -28,6 +28,7 @@ from musketeers.reports.stats import (
     holm,
     items_floor,
     paired_seed_test,
+    residual_floor,
     seeds_for_mde,
     verdict,
 )
@@ -84,22 +85,24 @@ def same_dtype(pairs: list[tuple[Run, Run]]) -> tuple[list[tuple[Run, Run]], set
     return kept, refused
 
 
-def item_se(pairs: list[tuple[Run, Run]], metric: str = "exact"
-            ) -> tuple[float | None, int, float | None]:
-    """(SE in points, items, df) of the items' variance component of the seeds × items mean
-    difference (``stats.crossed_items``), over the items graded in every pair."""
+def item_noise(pairs: list[tuple[Run, Run]], metric: str = "exact") -> dict[str, Any]:
+    """The items' part of a seeds × items comparison (``stats.crossed_items``) and the
+    residual's floor (``stats.residual_floor``), over the items graded in every pair, as
+    ``paired_seed_test``'s keyword arguments (empty without evaluations to read)."""
     files = [(a.path / eval_files()[1], b.path / eval_files()[1]) for a, b in pairs]
     if not all(fa.is_file() and fb.is_file() for fa, fb in files):
-        return None, 0, None
+        return {}
     per_pair = []
     for fa, fb in files:
         a, b = by_item(fa, metric), by_item(fb, metric)
         per_pair.append({i: a[i] - b[i] for i in set(a) & set(b)})
     shared = sorted(set.intersection(*(set(p) for p in per_pair)))
     if len(shared) < 2:
-        return None, 0, None
-    var, df = crossed_items(100.0 * np.array([[p[i] for i in shared] for p in per_pair]))
-    return float(np.sqrt(var)), len(shared), df
+        return {}
+    d = 100.0 * np.array([[p[i] for i in shared] for p in per_pair])
+    var, df = crossed_items(d)
+    return {"item_se": float(np.sqrt(var)), "items": len(shared), "item_df": df,
+            "floor": residual_floor(d)}
 
 
 def verdict_rows(runs: list[Run], tasks: list[str], latents: int = 8,
@@ -149,9 +152,8 @@ def _row(c: Comparison, task: str, pairs: list[tuple[Run, Run]], left_out: str,
     """One comparison's test over ``pairs`` (tested run, control run)."""
     a = [r.value(metric) for r, _ in pairs]
     b = [k.value(metric) for _, k in pairs]
-    se, n, df = item_se(pairs, metric)
-    test = paired_seed_test([x - y for x, y in zip(a, b, strict=True)], item_se=se, items=n,
-                            item_df=df)
+    test = paired_seed_test([x - y for x, y in zip(a, b, strict=True)],
+                            **item_noise(pairs, metric))
     return VerdictRow(c, task, float(np.mean(a)), float(np.mean(b)), test, left_out=left_out,
                       exploratory=exploratory)
 
