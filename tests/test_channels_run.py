@@ -4,7 +4,6 @@ keeps its channel."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,9 +21,9 @@ from musketeers.method.methods import derangement
 from musketeers.run import data as data_mod
 from musketeers.run.build import expert_names_for
 from musketeers.run.data import load_split
+from tests.test_trainer import metrics
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-TIMING = {"time_s", "phase_s"}
 
 
 class Recorder(TokenRows):
@@ -87,11 +86,6 @@ def small(method: str, store: Path, run: Path, steps: int = 2, **kw):
                   eval_limit=8)
     values.update(kw)
     return planted_config(method, 0, steps, store, run, **values)
-
-
-def metrics(run: Path) -> list[dict]:
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
 
 
 def test_split_keeps_token_rows_and_reads_each_batch(planted_store, tmp_path, monkeypatch):

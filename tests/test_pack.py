@@ -5,14 +5,12 @@ naming the fix."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from musketeers.cache.errors import UserError
-from musketeers.cli import main as cli_main
 from musketeers.design.gridspec import load_grid
 from musketeers.grid.fake import fake_evaluate, fake_train
 from musketeers.grid.ledger import ledger_path
@@ -27,18 +25,11 @@ from musketeers.grid.pack import (
 )
 from musketeers.grid.publish import adopt_published, publish_finished, publish_run, publish_runs
 from musketeers.grid.run import run_grid
+from tests.test_shard import run_cli
 
 FILES = {"r-s0/config.yaml": b"method: single\n",
          "r-s0/eval_samples.jsonl": b'{"a": 1}\n' * 50, "stale/r-s0.1/eval.json": b"{}",
          "ledger-g.jsonl": b"", "r-s1/odd \xc3\xa9.txt": b"\x00\xff"}
-
-
-def _cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["musketeers", *args])
-    with pytest.raises(SystemExit) as exc:
-        cli_main.main()
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
 
 
 def _grid(tmp_path: Path) -> Path:
@@ -79,7 +70,7 @@ def test_the_report_from_the_pack_is_the_report_from_the_folder(tmp_path: Path, 
     monkeypatch.setattr("musketeers.reports.report.shortcut_lines", lambda grid: [])
     built = {}
     for where, runs in (("folder", "runs"), ("pack", "reports/g/runs")):
-        code, _, err = _cli(monkeypatch, capsys, "ablate", "--grid", "g.yaml", "--report-only",
+        code, _, err = run_cli(monkeypatch, capsys, "ablate", "--grid", "g.yaml", "--report-only",
                             "--runs-dir", runs, "--reports-dir", where)
         assert code == 0, err
         built[where] = folder_files(tmp_path / where / "g")
@@ -135,7 +126,7 @@ def test_a_damaged_pack_is_one_line_naming_the_fix(tmp_path: Path, damage: str, 
     assert not (tmp_path / "reports" / "escape.txt").exists()
     _grid(tmp_path)
     monkeypatch.chdir(tmp_path)
-    code, _, err_text = _cli(monkeypatch, capsys, "ablate", "--grid", "g.yaml", "--report-only",
+    code, _, err_text = run_cli(monkeypatch, capsys, "ablate", "--grid", "g.yaml", "--report-only",
                              "--runs-dir", "reports/g/runs", "--reports-dir", "elsewhere")
     assert code == 2 and len(err_text.strip().splitlines()) == 1
     assert "git checkout -- reports/g/runs.tar.xz" in err_text
