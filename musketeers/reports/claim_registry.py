@@ -19,6 +19,7 @@ from musketeers.reports.claims import (
     ours_beats_single_claims,
     reward_claim,
 )
+from musketeers.reports.learning import rl_moves_claim
 from musketeers.reports.routing_claims import routing_claims
 from musketeers.reports.tables import (
     DEFAULT_POOLING,
@@ -63,6 +64,8 @@ def _routing(s: Scope) -> list[str]:
 CLAIMS: tuple[Claim, ...] = (
     Claim("regime", "training raises Single's exact above the untrained policy's",
           (SINGLE_KEY, {"method": "untrained"}), ROUTING_CONTROL, _per_task(learns_claim)),
+    Claim("rl_moves", "GRPO raises Single's training reward over its steps",
+          (SINGLE_KEY,), None, _per_task(rl_moves_claim)),
     Claim("reward", "reward, not the updates themselves, raises Ours",
           (DEFAULT_TEAM,), ROUTING_CONTROL, _per_task(reward_claim)),
     Claim("ours_beats_single", "§4.2: Ours (Default Team) beats Single on Arithmetic",

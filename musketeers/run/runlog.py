@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from musketeers.method.routing import spearman
+from musketeers.run.learning import reward_trend
 
 
 def mean_or_none(xs: list[float]) -> float | None:
@@ -88,6 +89,8 @@ def summarize(run: Path, total_steps: int | None = None) -> dict[str, Any]:
         "zero_var_frac": mean_or_none([r["zero_var_frac"] for r in rows]),
         "updates_skipped": sum(bool(r.get("update_skipped")) for r in rows),
     }
+    if (trend := reward_trend(rows)) is not None:
+        summary["reward_trend"] = trend.as_dict()
     if rows and "entropy" in rows[0]:
         summary["spearman_reward_entropy"] = spearman(
             [r["reward_mean"] for r in rows], [r["entropy"] for r in rows])
