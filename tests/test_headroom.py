@@ -26,6 +26,8 @@ def test_headroom_counts_expert_right_where_the_policy_is_wrong():
     policy = [True, True, False]  # right on {0, 1}
     expert = [False, True, True]  # right on {1, 2}
     assert headroom(policy, expert) == pytest.approx(1 / 3)
+    assert headroom([True] * 3, [True] * 3) == 0.0  # right where the policy is right: no room
+    assert headroom([False] * 3, expert) == pytest.approx(2 / 3)
     got = team_headroom(policy, {"a": expert, "b": [True, False, False]})
     assert got == {"a": pytest.approx(1 / 3), "b": 0.0, ANY: pytest.approx(1 / 3)}
     # two experts, each right on another item the policy misses: any expert adds them up
@@ -134,3 +136,17 @@ def test_a_store_without_hint_scores_names_precompute_with_hints(tmp_path, monke
     assert code == 2
     assert len(err.strip().splitlines()) == 1
     assert "hint_scores" in err and "--hints" in err and "musketeers precompute" in err
+
+
+def test_precompute_split_val_builds_the_store_headroom_reads(tmp_path, monkeypatch, capsys):
+    from musketeers.cache.describe import describe
+
+    args = ("precompute", "--task", TASK, "--experts", EXPERT, "--limit", "2", "--no-router",
+            "--cache-dir", str(tmp_path))
+    code, _, err = run_cli(monkeypatch, capsys, *args, "--split", "test")
+    assert code == 2 and "--split val" in err and not any(tmp_path.iterdir())
+    code, _, err = run_cli(monkeypatch, capsys, *args, "--split", "val", "--hints")
+    assert code == 0, err
+    info = describe(st.store_path(tmp_path, TASK))
+    assert {u.split for u in info.units} == {"val"}
+    assert [u.hint_accuracy is not None for u in info.units] == [True]
