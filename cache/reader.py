@@ -266,21 +266,38 @@ def read_router(cache_dir: str | Path, task: str, split: str,
 def read_hints(cache_dir: str | Path, task: str, split: str,
                experts: list[str]) -> list[list[str]]:
     """[N][n] greedy answers of each expert (output-level collaboration baseline)."""
+    cols = _hint_columns(cache_dir, task, split, experts, layout.HINTS)
+    return [[str(c[i]) for c in cols] for i in range(len(cols[0]) if cols else 0)]
+
+
+def read_hint_scores(cache_dir: str | Path, task: str, split: str,
+                     experts: list[str]) -> list[np.ndarray]:
+    """One [N] float32 array per expert: each greedy answer's reward under the task's scorer
+    (the expert's own accuracy, item by item), checked as ``read_hints`` checks the hints."""
+    cols = _hint_columns(cache_dir, task, split, experts, layout.HINT_SCORES)
+    return [_finite(np.asarray(c, np.float32), f"{split}/{e}/{layout.HINT_SCORES}", cache_dir,
+                    task) for e, c in zip(experts, cols, strict=True)]
+
+
+def _hint_columns(cache_dir: str | Path, task: str, split: str, experts: list[str],
+                  array: str) -> list[np.ndarray]:
+    """Each expert's ``array`` of its hints unit (hints or their scores), refused unless
+    complete, whole and matching its digests."""
     root = open_store(cache_dir, task, experts, hints=True)
     cols = []
     for e in experts:
         g = _expert_group(root, cache_dir, task, split, e)
         arg = _expert_arg(g, e)
-        if not layout.hints_complete(g):
-            raise UserError(f"expert {e!r} has no complete hints for {task}/{split}; run: "
+        if not layout.hints_complete(g) or array not in g:
+            raise UserError(f"expert {e!r} has no complete {array} for {task}/{split}; run: "
                             f"{_fix(cache_dir, task, arg, hints=True)}")
-        hints = g[layout.HINTS]
-        if missing_chunks(hints):
-            raise _damaged(cache_dir, task, hints.path, "lost chunks", arg, hints=True)
+        values = g[array]
+        if missing_chunks(values):
+            raise _damaged(cache_dir, task, values.path, "lost chunks", arg, hints=True)
         if layout.HINTS_FLAG in g:  # hints of their own unit carry their own digests
             _checked(g, cache_dir, task, arg, layout.HINTS_FLAG)
-        cols.append(_read(hints, cache_dir, task, hints.path, arg))
-    return [[str(c[i]) for c in cols] for i in range(len(cols[0]) if cols else 0)]
+        cols.append(_read(values, cache_dir, task, values.path, arg))
+    return cols
 
 
 def read_token_rows(cache_dir: str | Path, task: str, split: str, experts: list[str],

@@ -53,6 +53,8 @@ def precompute(
     compile: Annotated[
         str, typer.Option(help="torch.compile the backbone: auto (CUDA, ≥ 2000 prompts), on, off")
     ] = "auto",
+    split: Annotated[list[str] | None, typer.Option(
+        "--split", help="only this split (repeat it); `tasks headroom` reads val alone")] = None,
     allow_unadmitted_reward: AllowOpt = False,
 ) -> None:
     """Run every expert of a team once over a task's train and val items into the store."""
@@ -69,7 +71,7 @@ def precompute(
         cache_dir=cache_dir, device=device, dtype=dtype, hints=hints, force=force,
         token_layers=parse_layers(token_states),
         gsm8k_dir=gsm8k_dir, batch_tokens=batch_tokens, chunk_rows=chunk_rows,
-        router=not no_router, compile=compile)
+        router=not no_router, compile=compile, splits=tuple(split) if split else None)
 
 
 def parse_layers(text: str | None) -> tuple[int, ...]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -104,6 +105,65 @@ def show(
     failed = [v.dataset for v in verdicts if v.failure]
     console.print(f"admission: {'not admitted: ' + ', '.join(failed) if failed else 'admitted'}"
                   f" ({len(verdicts)} datasets checked)")
+
+
+@tasks_app.command("headroom")
+def headroom(
+    task: Annotated[list[str], typer.Option("--task", help="a task with a store; repeat it")],
+    policy: Annotated[str, typer.Option(help="the policy: a registry name or alias")],
+    team: Annotated[str | None, typer.Option(help="named team (its experts' hints)")] = None,
+    roster: Annotated[str, typer.Option(help="pocket, paper or tiny")] = "pocket",
+    experts: Annotated[str | None, typer.Option(help="comma-separated expert names")] = None,
+    limit: Annotated[int, typer.Option(help="validation items per task")] = 64,
+    cache_dir: Annotated[Path | None, typer.Option(
+        "--cache-dir", help="stores root (env MUSKETEERS_CACHE_DIR; ./stores)")] = None,
+    out: Annotated[Path, typer.Option(help="where the table goes")] = Path("reports/headroom"),
+    append: Annotated[bool, typer.Option(
+        help="keep the rows already in OUT (another pairing's); a task and policy measured "
+             "again replace their row")] = False,
+    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+) -> None:
+    """Where can an expert help, before training: per task, the shortcuts, the policy's
+    untrained greedy exact, each expert's own exact and answer probes, and the headroom (the
+    share of items an expert answers right where the policy is wrong). The policy's exact
+    after the supervised warm-up is not measured here (shown as such)."""
+    from rich.table import Table
+
+    from musketeers.cache.progress import console as rich_console
+    from musketeers.reports.headroom import measure_task
+    from musketeers.reports.headroom_report import (
+        RESULT_FILE,
+        cells,
+        columns,
+        experts_of,
+        read_rows,
+        write_report,
+    )
+    from musketeers.run.features import cache_root
+    from musketeers.tasks import check_task
+    from musketeers.teams import resolve_team
+
+    for t in task:
+        check_task(t)
+    if not 1 <= limit <= SHOW_LIMIT:
+        raise UserError(f"--limit must be 1..{SHOW_LIMIT} validation items, got {limit}")
+    names = [e.strip() for e in experts.split(",") if e.strip()] if experts else None
+    specs = [s.name for s in resolve_team(team, roster, names) if not s.oracle]
+    if not specs:
+        raise UserError("no real expert to measure: pass --team or --experts")
+    root = cache_root(cache_dir)
+    rows = [measure_task(t, policy, specs, root, limit, device=device) for t in task]
+    if append and (out / RESULT_FILE).is_file():
+        mine = {(r.task, r.policy) for r in rows}
+        rows = [r for r in read_rows(out / RESULT_FILE) if (r.task, r.policy) not in mine] + rows
+    table = Table(title=f"headroom: % of each task's first {limit} validation items")
+    for col in columns(rows):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(*cells(r, experts_of(rows)))
+    rich_console().print(table)
+    for path in write_report(rows, out):
+        typer.echo(f"wrote {path}")
 
 
 def register(app: typer.Typer) -> None:

@@ -77,30 +77,10 @@ def _evaluate(cfg, run_dir: Path, world: World, again: str, *, limit: int | None
     last = load_newest(run_dir, policy.model, adapter, unverified=unverified)
     if adapter is not None:
         adapter.eval()  # hard routing: argmax instead of Gumbel sampling
-    use_adapter = None if no_context else adapter
-    prompts = policy.encode_prompts(data.items)
-    by_sample: dict[int, dict[str, Any]] = {}
-    mine = longest_first_batches(prompts, batch_size)[world.rank::world.world]
-    with progress(f"eval {run_dir.name}", total=sum(len(r) for r in mine), unit="items") as bar, \
-            torch.no_grad():
-        for rows in mine:
-            items, vectors, router = data.batch(rows)
-            context, _ = adapter_context(use_adapter, vectors, router, cfg.device)
-            comps = policy.generate([prompts[i] for i in rows.tolist()], context, group_size=1,
-                                    max_new_tokens=cfg.max_new_tokens, greedy=True)
-            for i, it, c in zip(rows.tolist(), items, comps, strict=True):
-                text = policy.decode(c)
-                by_sample[i] = {"id": it.id, "source": it.source, "question": it.question,
-                                "gold": it.answer, "completion": text, "tokens": len(c),
-                                "ended": bool(c) and c[-1] in policy.eos_ids,
-                                "answer": extract_answer(text, cfg.extraction),
-                                "score": policy_score(it, text, cfg.extraction)}
-            bar.advance(len(items))
-    for part in world.all_gather(by_sample if world.rank else {})[1:]:
-        by_sample.update(part)
+    samples = greedy_samples(cfg, data, policy, None if no_context else adapter, world,
+                             batch_size, f"eval {run_dir.name}")
     if world.rank:
         return world.broadcast(None)
-    samples = [by_sample[i] for i in range(len(data))]  # the split's order, whatever the batches
     n = max(len(samples), 1)
     result = {
         "exact": sum(s["score"] >= 1.0 for s in samples) / n,
@@ -122,6 +102,36 @@ def _evaluate(cfg, run_dir: Path, world: World, again: str, *, limit: int | None
     }
     write_eval(run_dir, result, samples, no_context, again)
     return world.broadcast(result)
+
+
+def greedy_samples(cfg, data, policy, adapter: torch.nn.Module | None, world: World,
+                   batch_size: int, label: str) -> list[dict[str, Any]]:
+    """One greedy completion per item of ``data``, with C from ``adapter`` (None: no C), in
+    the split's order: its text, extracted answer and score. Under torchrun the ranks take
+    turns at the length batches; rank 0 gets every sample, the others an empty list."""
+    prompts = policy.encode_prompts(data.items)
+    by_sample: dict[int, dict[str, Any]] = {}
+    mine = longest_first_batches(prompts, batch_size)[world.rank::world.world]
+    with progress(label, total=sum(len(r) for r in mine), unit="items") as bar, \
+            torch.no_grad():
+        for rows in mine:
+            items, vectors, router = data.batch(rows)
+            context, _ = adapter_context(adapter, vectors, router, cfg.device)
+            comps = policy.generate([prompts[i] for i in rows.tolist()], context, group_size=1,
+                                    max_new_tokens=cfg.max_new_tokens, greedy=True)
+            for i, it, c in zip(rows.tolist(), items, comps, strict=True):
+                text = policy.decode(c)
+                by_sample[i] = {"id": it.id, "source": it.source, "question": it.question,
+                                "gold": it.answer, "completion": text, "tokens": len(c),
+                                "ended": bool(c) and c[-1] in policy.eos_ids,
+                                "answer": extract_answer(text, cfg.extraction),
+                                "score": policy_score(it, text, cfg.extraction)}
+            bar.advance(len(items))
+    for part in world.all_gather(by_sample if world.rank else {})[1:]:
+        by_sample.update(part)
+    if world.rank:
+        return []
+    return [by_sample[i] for i in range(len(data))]  # the split's order, whatever the batches
 
 
 def write_eval(run_dir: Path, result: dict[str, Any], samples: list[dict[str, Any]],

@@ -34,9 +34,10 @@ def precompute_features(
     cache_dir: Path | str | None = None, device: str = "auto", dtype: str = "auto",
     hints: bool = False, force: bool = False, gsm8k_dir: Path | None = None,
     batch_tokens: int = 8192, chunk_rows: int = 64, router: bool = True, compile: str = "auto",
-    token_layers: tuple[int, ...] = (),
+    token_layers: tuple[int, ...] = (), splits: tuple[str, ...] | None = None,
 ) -> list[Path]:
-    """Run every expert of a team once over a task's train and val items into its store.
+    """Run every expert of a team once over a task's train and val items into its store
+    (``splits``: only those; a later run without it adds the others).
 
     Experts already complete in the store are skipped; under ``torchrun`` the ranks shard
     the rows (musketeers.cache.dist). Returns the store paths written. Hints are scored
@@ -53,6 +54,9 @@ def precompute_features(
 
     if limit is not None and limit < 1:
         raise UserError(f"--limit must be a positive integer, got {limit}")
+    if splits is not None and (not splits or set(splits) - set(SPLITS)):
+        raise UserError(f"--split {', '.join(splits) or '(none)'}: pass one of "
+                        f"{', '.join(SPLITS)}, e.g. --split val")
     if chunk_rows < 1:
         raise UserError(f"--chunk-rows must be positive, got {chunk_rows}")
     if batch_tokens < 1:
@@ -71,7 +75,8 @@ def precompute_features(
                            scorer=score if hints else None)
     dist = Dist.from_env(dev)
     # Build every split first: a missing GSM8K file fails before any model loads.
-    plans = {t: (task_spec(t), {s: build_items(t, s, limit, gsm8k_dir) for s in SPLITS})
+    plans = {t: (task_spec(t), {s: build_items(t, s, limit, gsm8k_dir)
+                                  for s in dict.fromkeys(splits or SPLITS)})
              for t in tasks}
     root = check_cache_dir(cache_root(cache_dir))
     paths = []
