@@ -1,0 +1,96 @@
+"""How fast a token channel's rows come out of a store, and what its digest check costs.
+
+One expert's token unit, written in precompute's format (bf16, per-row-chunk flat arrays,
+ragged rows of a pocket prompt's length), is read as training reads it: batches of rows
+through ``TokenRows.padded``, consecutive (an evaluation's slices) and random (a training
+step's prompts). The reader's start-of-run check (every chunk decoded and hashed) is timed
+on the same unit, in seconds per GiB of stored states.
+
+    python -m musketeers.bench.token_reads --rows 512 --d 576 --batch 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import zarr
+
+from musketeers.cache import token_layout
+from musketeers.cache.tokens import TokenRows
+from musketeers.cache.zarrio import chunk_range, dense_writes
+
+
+def build_unit(work: Path, rows: int, d: int, mean_tokens: int, chunk_rows: int = 64):
+    """One complete ``tokens`` unit (bf16) of ``rows`` ragged rows, written and sealed as
+    precompute writes it."""
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(mean_tokens // 2, mean_tokens * 3 // 2 + 1, size=rows)
+    g = zarr.open_group(work / "bench.zarr", mode="w").require_group("e")
+    u = token_layout.create_token_unit(g, "tokens", 1, rows, d, "bfloat16", chunk_rows,
+                                       {"bench": 1})
+    with dense_writes():
+        for c in range(u[token_layout.DONE].shape[0]):
+            lo, hi = chunk_range(c, rows, chunk_rows)
+            token_layout.write_chunk(u, c, [rng.normal(size=(int(t), d)).astype(np.float32)
+                                            for t in lengths[lo:hi]])
+    token_layout.seal(u)
+    return u
+
+
+def rows_per_second(rows: TokenRows, batches: list[np.ndarray]) -> float:
+    t0 = time.perf_counter()
+    n = 0
+    for b in batches:
+        rows.padded(b)
+        n += len(b)
+    return n / (time.perf_counter() - t0)
+
+
+def stored_bytes(u) -> int:
+    """Bytes of the unit's decoded states as stored (2 a value in bf16)."""
+    flat = u[token_layout.FLAT]
+    return sum(flat[str(c)].nbytes for c in range(u[token_layout.DONE].shape[0]))
+
+
+def bench(work: Path, rows: int, d: int, mean_tokens: int, batch: int, reps: int) -> dict:
+    u = build_unit(work, rows, d, mean_tokens)
+    tr = token_layout.token_rows(u)
+    rng = np.random.default_rng(1)
+    n_batches = max(1, rows // batch)
+    consecutive = [np.arange(lo, min(lo + batch, rows)) for lo in range(0, rows, batch)]
+    random = [rng.choice(rows, size=4, replace=False) for _ in range(n_batches * batch // 4)]
+    out = {"rows": rows, "d": d, "tokens": int(tr.offsets[-1]), "batch": batch,
+           "gib": stored_bytes(u) / 2**30, "consecutive_rows_s": [], "random4_rows_s": [],
+           "check_s": []}
+    for _ in range(reps):
+        out["consecutive_rows_s"].append(rows_per_second(tr, consecutive))
+        out["random4_rows_s"].append(rows_per_second(tr, random))
+        t0 = time.perf_counter()
+        assert not token_layout.bad_chunks(u)
+        out["check_s"].append(time.perf_counter() - t0)
+    out["check_s_per_gib"] = [s / out["gib"] for s in out["check_s"]]
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=512)
+    ap.add_argument("--d", type=int, default=576, help="the expert's width (SmolLM2-135M: 576)")
+    ap.add_argument("--mean-tokens", type=int, default=240, help="mean prompt tokens a row")
+    ap.add_argument("--batch", type=int, default=32, help="rows of a consecutive batch")
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="token-reads-") as tmp:
+        out = bench(Path(tmp), args.rows, args.d, args.mean_tokens, args.batch, args.reps)
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main()
