@@ -72,6 +72,18 @@ def token_units(g: zarr.Group) -> list[zarr.Group]:
             if (u := token_unit(g, ch, k)) is not None]
 
 
+def find_token_unit(g: zarr.Group | None, channel: str, layer: int) -> zarr.Group | None:
+    """The expert unit ``g``'s token unit of ``channel`` at ``layer`` (-1: its last), None when
+    absent or unreadable: for callers that only record what is there (a run's fingerprints);
+    the reader tells the cases apart."""
+    n_layers = g.attrs.get("n_layers") if g is not None else None
+    k = resolve_layer(layer, n_layers) if isinstance(n_layers, int) else None
+    try:
+        return token_unit(g, channel, k) if k is not None else None
+    except Exception:  # noqa: BLE001 - Damaged metadata: the reader names the fix
+        return None
+
+
 def resolve_layer(layer: int, n_layers: int) -> int | None:
     """Hidden-state index 0..n_layers (0 = embeddings); negative counts from the last layer
     (-1 = last), so one layer argument fits experts of every depth. None when out of range."""
@@ -218,8 +230,9 @@ def size(u: zarr.Group) -> int:
 
 
 class ChunkedFlat:
-    """The unit's per-chunk ``flat/<c>`` arrays seen as one ``[T_total, d]`` float32 array;
-    a slice reads only the zarr chunks it covers."""
+    """The unit's per-chunk ``flat/<c>`` arrays seen as one ``[T_total, d]`` float32 array.
+    ``read_slices`` reads many slices at once: each zarr chunk they cover is decoded once,
+    however many rows it holds, and only those chunks are in memory."""
 
     def __init__(self, u: zarr.Group, offsets: np.ndarray):
         lengths = u[LENGTHS]
@@ -227,21 +240,65 @@ class ChunkedFlat:
         self.arrays = [u[FLAT][str(c)] for c in range(u[DONE].shape[0])]
         self.starts = np.array([offsets[min(c * rows, len(offsets) - 1)]
                                 for c in range(len(self.arrays))] + [offsets[-1]], np.int64)
+        self.sizes = [a.chunks[0] for a in self.arrays]  # tokens per zarr chunk of each array
         self.dtype = u.attrs["dtype"]
         self.shape = (int(offsets[-1]), int(u.attrs["d"]))
 
     def __getitem__(self, key: slice) -> np.ndarray:
         lo, hi, _ = key.indices(self.shape[0])
-        parts = []
+        return self.read_slices([(lo, max(lo, hi))])[0]
+
+    def _pieces(self, lo: int, hi: int) -> list[tuple[int, int, int]]:
+        """``[lo, hi)`` as (array, start, stop) pieces local to each ``flat/<c>`` it spans."""
+        out = []
         first = max(int(np.searchsorted(self.starts, lo, side="right")) - 1, 0)
         for c in range(first, len(self.arrays)):
             if self.starts[c] >= hi:
                 break
             a, b = max(lo, self.starts[c]), min(hi, self.starts[c + 1])
             if a < b:
-                parts.append(_decode(self.arrays[c][a - self.starts[c]:b - self.starts[c]],
-                                     self.dtype))
-        return np.concatenate(parts) if parts else np.zeros((0, self.shape[1]), np.float32)
+                out.append((c, int(a - self.starts[c]), int(b - self.starts[c])))
+        return out
+
+    def read_slices(self, spans: Sequence[tuple[int, int]]) -> list[np.ndarray]:
+        """``flat[lo:hi]`` for each ``(lo, hi)``, float32. Per array, the zarr chunks the spans
+        cover are read in runs of adjacent chunks (one zarr call a run: its per-call cost
+        dwarfs a chunk's decode), each chunk once; the spans are then sliced in memory."""
+        pieces = [self._pieces(int(lo), int(hi)) for lo, hi in spans]
+        wanted: dict[int, set[int]] = {}
+        for c, a, b in (p for ps in pieces for p in ps):
+            size = self.sizes[c]
+            wanted.setdefault(c, set()).update(range(a // size, (b - 1) // size + 1))
+        loaded: dict[tuple[int, int], np.ndarray] = {}  # (array, chunk) -> decoded rows
+        for c, ks in wanted.items():
+            arr, size = self.arrays[c], self.sizes[c]
+            for first, last in _runs(sorted(ks)):
+                block = _decode(arr[first * size:min((last + 1) * size, arr.shape[0])],
+                                self.dtype)
+                for k in range(first, last + 1):
+                    loaded[c, k] = block[(k - first) * size:(k - first + 1) * size]
+        out = []
+        for ps in pieces:
+            parts = []
+            for c, a, b in ps:
+                size = self.sizes[c]
+                parts += [loaded[c, k][max(a, k * size) - k * size:min(b, (k + 1) * size)
+                                       - k * size]
+                          for k in range(a // size, (b - 1) // size + 1)]
+            out.append(np.concatenate(parts) if parts
+                       else np.zeros((0, self.shape[1]), np.float32))
+        return out
+
+
+def _runs(ks: list[int]) -> list[tuple[int, int]]:
+    """Sorted chunk indices as (first, last) runs of adjacent ones."""
+    runs: list[tuple[int, int]] = []
+    for k in ks:
+        if runs and k == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], k)
+        else:
+            runs.append((k, k))
+    return runs
 
 
 def token_rows(u: zarr.Group) -> TokenRows:

@@ -2,9 +2,10 @@
 
 One expert's token unit, written in precompute's format (bf16, per-row-chunk flat arrays,
 ragged rows of a pocket prompt's length), is read as training reads it: batches of rows
-through ``TokenRows.padded``, consecutive (an evaluation's slices) and random (a training
-step's prompts). The reader's start-of-run check (every chunk decoded and hashed) is timed
-on the same unit, in seconds per GiB of stored states.
+through ``TokenRows.rows``, consecutive (an evaluation's slices of 32) and random (a training
+micro-batch's 4 prompts), against the same rows read one slice at a time. The reader's
+start-of-run check (every chunk decoded and hashed) is timed on the same unit, in seconds per
+GiB of stored states.
 
     python -m musketeers.bench.token_reads --rows 512 --d 576 --batch 32
 """
@@ -18,7 +19,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 import zarr
 
 from musketeers.cache import token_layout
@@ -43,13 +43,19 @@ def build_unit(work: Path, rows: int, d: int, mean_tokens: int, chunk_rows: int 
     return u
 
 
-def rows_per_second(rows: TokenRows, batches: list[np.ndarray]) -> float:
-    t0 = time.perf_counter()
-    n = 0
+def per_row(rows: TokenRows, idx: np.ndarray) -> list[np.ndarray]:
+    """The rows read one slice at a time, as ``TokenRows.rows`` did before ``take``: each row
+    decodes the chunks it covers on its own (the baseline the batched read is measured by)."""
+    return [rows.flat[int(rows.offsets[i]):int(rows.offsets[i + 1])] for i in idx]
+
+
+def rows_per_second(read, batches: list[np.ndarray]) -> tuple[float, float]:
+    """(rows per wall second, rows per CPU second of this process) reading ``batches``."""
+    t0, c0 = time.perf_counter(), time.process_time()
     for b in batches:
-        rows.padded(b)
-        n += len(b)
-    return n / (time.perf_counter() - t0)
+        read(b)
+    n = sum(len(b) for b in batches)
+    return n / (time.perf_counter() - t0), n / (time.process_time() - c0)
 
 
 def stored_bytes(u) -> int:
@@ -59,18 +65,22 @@ def stored_bytes(u) -> int:
 
 
 def bench(work: Path, rows: int, d: int, mean_tokens: int, batch: int, reps: int) -> dict:
+    """Per-row and batched reads alternate within each repetition (a shared machine's speed
+    drifts), then the digest check of the whole unit."""
     u = build_unit(work, rows, d, mean_tokens)
     tr = token_layout.token_rows(u)
     rng = np.random.default_rng(1)
-    n_batches = max(1, rows // batch)
-    consecutive = [np.arange(lo, min(lo + batch, rows)) for lo in range(0, rows, batch)]
-    random = [rng.choice(rows, size=4, replace=False) for _ in range(n_batches * batch // 4)]
-    out = {"rows": rows, "d": d, "tokens": int(tr.offsets[-1]), "batch": batch,
-           "gib": stored_bytes(u) / 2**30, "consecutive_rows_s": [], "random4_rows_s": [],
-           "check_s": []}
+    shapes = {"consecutive": [np.arange(lo, min(lo + batch, rows))
+                              for lo in range(0, rows, batch)],
+              "random4": [rng.choice(rows, size=4, replace=False) for _ in range(rows // 4)]}
+    out: dict = {"rows": rows, "d": d, "tokens": int(tr.offsets[-1]), "batch": batch,
+                 "gib": stored_bytes(u) / 2**30, "check_s": []}
     for _ in range(reps):
-        out["consecutive_rows_s"].append(rows_per_second(tr, consecutive))
-        out["random4_rows_s"].append(rows_per_second(tr, random))
+        for shape, batches in shapes.items():
+            for way, read in (("per_row", lambda b: per_row(tr, b)), ("batched", tr.rows)):
+                wall, cpu = rows_per_second(read, batches)
+                out.setdefault(f"{shape}_{way}_rows_per_s", []).append(wall)
+                out.setdefault(f"{shape}_{way}_rows_per_cpu_s", []).append(cpu)
         t0 = time.perf_counter()
         assert not token_layout.bad_chunks(u)
         out["check_s"].append(time.perf_counter() - t0)
