@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ import zarr
 from musketeers.cache import manifest
 from musketeers.cache.layout import DONE, create_done, done_flags
 from musketeers.cache.tokens import ANSWER, TOKENS, TokenRows, offsets_from_lengths
+from musketeers.cache.verified import Verified, chunk_key
 from musketeers.cache.zarrio import (
     child,
     child_names,
@@ -144,16 +146,20 @@ def write_chunk(u: zarr.Group, chunk: int, rows: Sequence[np.ndarray]) -> None:
     u[DONE][chunk] = 1
 
 
-def chunk_digest(u: zarr.Group, chunk: int) -> str:
+def chunk_digest(u: zarr.Group, chunk: int, rows: tuple[np.ndarray, np.ndarray] | None = None
+                 ) -> str:
     """sha256 of row chunk ``chunk``: its lengths and its tokens' stored bytes, bound to the
-    unit's path and fingerprint. Raises where a chunk is absent or won't decode."""
-    lengths = u[LENGTHS]
-    lo, hi = chunk_range(chunk, lengths.shape[0], lengths.chunks[0])
+    unit's path and fingerprint. ``rows``: (lengths, stored tokens) already read, so a check
+    decodes a chunk once. Raises where a chunk is absent or won't decode."""
+    if rows is None:
+        lengths = u[LENGTHS]
+        lo, hi = chunk_range(chunk, lengths.shape[0], lengths.chunks[0])
+        rows = (lengths[lo:hi], u[FLAT][str(chunk)][:])
+    counts, stored = rows
     h = hashlib.sha256(manifest.binding(u.path, u.attrs.get("fingerprint")).encode())
-    h.update(np.ascontiguousarray(lengths[lo:hi]).tobytes())
-    flat = u[FLAT][str(chunk)]
-    h.update(f"\0{flat.dtype.str}\0{flat.shape}\0".encode())
-    h.update(np.ascontiguousarray(flat[:]).tobytes())
+    h.update(np.ascontiguousarray(counts).tobytes())
+    h.update(f"\0{stored.dtype.str}\0{stored.shape}\0".encode())
+    h.update(np.ascontiguousarray(stored).tobytes())
     return h.hexdigest()
 
 
@@ -169,17 +175,18 @@ def chunk_fault(u: zarr.Group, chunk: int) -> str | None:
     if missing_chunks(flat):
         return "missing"
     try:
-        total = int(lengths[lo:hi].astype(np.int64).sum())
-        values = _decode(flat[:], u.attrs.get("dtype"))
+        counts, stored = lengths[lo:hi], flat[:]
+        values = _decode(stored, u.attrs.get("dtype"))
     except Exception:  # noqa: BLE001 - crc32c mismatch, truncated zstd frame, ...
         return "corrupt"
-    if flat.shape != (total, u.attrs.get("d")):
+    if flat.shape != (int(counts.astype(np.int64).sum()), u.attrs.get("d")):
         return "misshapen"  # its tokens disagree with its rows' lengths
     if not np.isfinite(values).all():
         return "non-finite"
     recorded = u.attrs.get(SHA256)
     if isinstance(recorded, list) and (chunk >= len(recorded) or
-                                       recorded[chunk] != chunk_digest(u, chunk)):
+                                       recorded[chunk] != chunk_digest(u, chunk,
+                                                                       (counts, stored))):
         return "swapped or edited"  # it differs from the digest recorded when it was built
     return None
 
@@ -198,10 +205,36 @@ def unit_damage(u: zarr.Group) -> str | None:
     return None
 
 
-def bad_chunks(u: zarr.Group) -> dict[int, str]:
-    """{chunk: fault} of the unit's finished chunks."""
-    flags = done_flags(u)
-    return {c: f for c in np.flatnonzero(flags).tolist() if (f := chunk_fault(u, c))}
+def chunk_files(u: zarr.Group, chunk: int) -> list[Path] | None:
+    """Every file row chunk ``chunk``'s rows are read from (its ``flat/<c>`` array's metadata
+    and chunk files, its ``lengths`` chunk and that array's metadata); None when the store is
+    not a folder on disk."""
+    root = getattr(u.store, "root", None)
+    if not isinstance(root, Path):
+        return None
+    unit = root / u.path
+    flat = unit / FLAT / str(chunk)
+    files = sorted(p for p in flat.rglob("*") if p.is_file()) if flat.is_dir() else [flat]
+    return [*files, unit / LENGTHS / "zarr.json", unit / LENGTHS / "c" / str(chunk)]
+
+
+def bad_chunks(u: zarr.Group, verified: Verified | None = None) -> dict[int, str]:
+    """{chunk: fault} of the unit's finished chunks. A chunk ``verified`` remembers as checked,
+    none of its files touched since, is not hashed again; one that passes is remembered."""
+    recorded = u.attrs.get(SHA256)
+    out = {}
+    for c in np.flatnonzero(done_flags(u)).tolist():
+        files = chunk_files(u, c) if verified is not None and isinstance(recorded, list) \
+            and c < len(recorded) else None
+        key = chunk_key((u.path, recorded[c], u.attrs.get("fingerprint"), u.attrs.get("dtype"),
+                         u.attrs.get("d")), files) if files else None
+        if verified is not None and verified.passed(key):
+            continue
+        if fault := chunk_fault(u, c):
+            out[c] = fault
+        elif verified is not None:
+            verified.add(key)
+    return out
 
 
 def is_complete(u: zarr.Group | None) -> bool:
@@ -219,6 +252,12 @@ def reopen(u: zarr.Group, chunks: Sequence[int]) -> None:
     for c in chunks:
         u[DONE][c] = 0
     u.attrs[COMPLETE] = False
+
+
+def stored_bytes(u: zarr.Group) -> int:
+    """Bytes of the unit's token states as stored, uncompressed (from metadata alone)."""
+    flat = u[FLAT]
+    return sum(flat[str(c)].nbytes for c in range(u[DONE].shape[0]) if str(c) in flat)
 
 
 def size(u: zarr.Group) -> int:

@@ -341,3 +341,26 @@ def test_a_batch_decodes_each_stored_chunk_it_covers_once(tmp_path, monkeypatch)
     decoded.clear()
     got.rows([4])  # 2 tokens of row chunk 1's zarr chunk 0: that chunk alone
     assert decoded == [(1, 0)]
+
+
+def test_a_checked_chunk_is_hashed_again_only_once_a_file_of_it_changes(built, tmp_path,
+                                                                         monkeypatch):
+    monkeypatch.setenv("MUSKETEERS_VERIFIED_DIR", str(tmp_path / "verified"))
+    cache = copy_of(built, tmp_path)
+    real, hashed = token_layout.chunk_digest, []
+    monkeypatch.setattr(token_layout, "chunk_digest",
+                        lambda u, c, rows=None: (hashed.append(c), real(u, c, rows))[1])
+
+    def read():
+        hashed.clear()
+        return reader.read_token_rows(cache, TASK, "train", [SPEC.name], "tokens", 1)
+
+    read()
+    assert sorted(hashed) == [0, 1]  # 7 rows in row chunks of 4
+    read()
+    assert hashed == []  # a resume, or the next run on this store: nothing hashed again
+    flat = unit(cache)["flat"]["1"]
+    flat[:] = flat[:] * 2  # a valid chunk (its crc holds), other values
+    with pytest.raises(UserError, match=r"chunk 1: swapped or edited"):
+        read()
+    assert hashed == [1]

@@ -58,12 +58,6 @@ def rows_per_second(read, batches: list[np.ndarray]) -> tuple[float, float]:
     return n / (time.perf_counter() - t0), n / (time.process_time() - c0)
 
 
-def stored_bytes(u) -> int:
-    """Bytes of the unit's decoded states as stored (2 a value in bf16)."""
-    flat = u[token_layout.FLAT]
-    return sum(flat[str(c)].nbytes for c in range(u[token_layout.DONE].shape[0]))
-
-
 def bench(work: Path, rows: int, d: int, mean_tokens: int, batch: int, reps: int) -> dict:
     """Per-row and batched reads alternate within each repetition (a shared machine's speed
     drifts), then the digest check of the whole unit."""
@@ -74,17 +68,19 @@ def bench(work: Path, rows: int, d: int, mean_tokens: int, batch: int, reps: int
                               for lo in range(0, rows, batch)],
               "random4": [rng.choice(rows, size=4, replace=False) for _ in range(rows // 4)]}
     out: dict = {"rows": rows, "d": d, "tokens": int(tr.offsets[-1]), "batch": batch,
-                 "gib": stored_bytes(u) / 2**30, "check_s": []}
+                 "gib": token_layout.stored_bytes(u) / 2**30, "check_s": []}
     for _ in range(reps):
         for shape, batches in shapes.items():
             for way, read in (("per_row", lambda b: per_row(tr, b)), ("batched", tr.rows)):
                 wall, cpu = rows_per_second(read, batches)
                 out.setdefault(f"{shape}_{way}_rows_per_s", []).append(wall)
                 out.setdefault(f"{shape}_{way}_rows_per_cpu_s", []).append(cpu)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         assert not token_layout.bad_chunks(u)
         out["check_s"].append(time.perf_counter() - t0)
+        out.setdefault("check_cpu_s", []).append(time.process_time() - c0)
     out["check_s_per_gib"] = [s / out["gib"] for s in out["check_s"]]
+    out["check_cpu_s_per_gib"] = [s / out["gib"] for s in out["check_cpu_s"]]
     return out
 
 
