@@ -174,7 +174,7 @@ def section_channels(rep: rp.Report, args, ctx: dict) -> None:
 
     specs, hint_tokens = resolve_team(args.team, args.roster), 8 if args.quick else 128
     grid = read_grid_yaml(grid_file("pocket"))
-    limit = min(grid["precompute"]["limit"], 16 if args.quick else 10**9)
+    limit = 16 if args.quick else grid["precompute"]["limit"]  # items per split
     dtype = grid["precompute"]["dtype"]
     cb.report_sizes(rep, cb.store_sizes(grid["tasks"], specs, limit, dtype, hint_tokens), dtype,
                     hint_tokens)
