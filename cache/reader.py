@@ -5,7 +5,8 @@ Every read refuses what it cannot trust (absent, incomplete, corrupt, swapped fo
 non-finite) with a UserError naming the ``musketeers precompute`` command that fixes it.
 Before a unit's rows are used, every chunk is hashed against the digests recorded when it was
 built (``layout.seal``): this decodes the whole unit once (its cost: BENCHMARKS.md, "Measured
-by hand"); a unit without digests is read with a warning, every time.
+by hand"); a unit without digests is read with a warning, every time. A token chunk that
+passed before, its files untouched since, is not hashed again (``verified``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from musketeers.cache.damage import required_arrays, unit_damage
 from musketeers.cache.errors import UserError
 from musketeers.cache.items import Item
 from musketeers.cache.tokens import ANSWER, TokenRows
+from musketeers.cache.verified import Verified
 from musketeers.cache.zarrio import (
     Damaged,
     child,
@@ -309,6 +311,7 @@ def read_token_rows(cache_dir: str | Path, task: str, split: str, experts: list[
         raise UserError(f"channel {channel!r} holds no token states; use one of "
                         f"{', '.join(token_layout.TOKEN_CHANNELS)}")
     root = open_store(cache_dir, task, experts, hints=channel == ANSWER)
+    verified = Verified(st.store_path(cache_dir, task))
     out = []
     for e in experts:
         g = _expert_group(root, cache_dir, task, split, e)
@@ -322,17 +325,19 @@ def read_token_rows(cache_dir: str | Path, task: str, split: str, experts: list[
             what = "no" if u is None else "incomplete"
             raise UserError(f"expert {e!r} has {what} channel {channel!r} (token states) at "
                             f"layer {layer} for {task}/{split}; run: {fix}")
-        out.append(_token_rows(u, cache_dir, task, arg, channel))
+        out.append(_token_rows(u, cache_dir, task, arg, channel, verified))
+    verified.save()
     return out
 
 
 def _token_rows(u: zarr.Group, cache_dir: str | Path, task: str, arg: str,
-                channel: str) -> TokenRows:
+                channel: str, verified: Verified) -> TokenRows:
     """``u``'s rows once its structure is whole and every chunk decodes, is finite and hashes
-    to its recorded digest (``_checked`` for a token unit); a row without tokens is refused."""
-    start = time.perf_counter()
+    to its recorded digest (``_checked`` for a token unit; a chunk ``verified`` remembers as
+    checked and untouched since is not hashed again); a row without tokens is refused."""
+    start, skipped = time.perf_counter(), verified.skipped
     damage = token_layout.unit_damage(u)
-    bad = {} if damage else token_layout.bad_chunks(u)
+    bad = {} if damage else token_layout.bad_chunks(u, verified)
     if not damage and bad:
         c, fault = next(iter(bad.items()))
         damage = f"chunk {c}: {fault}"
@@ -345,6 +350,11 @@ def _token_rows(u: zarr.Group, cache_dir: str | Path, task: str, arg: str,
         raise UserError(f"{u.path} in store {task} holds {empty.size} rows without tokens "
                         f"(first {int(empty[0])}); rebuild it: "
                         f"{_fix(cache_dir, task, arg, force=True, hints=channel == ANSWER)}")
-    log.info("%s/%s: %d token chunks checked in %.3f s", task, u.path,
-             u[layout.DONE].shape[0], time.perf_counter() - start)
+    n, seconds = u[layout.DONE].shape[0], time.perf_counter() - start
+    hashed = n - (verified.skipped - skipped)
+    gib = token_layout.stored_bytes(u) * hashed / max(n, 1) / 2**30
+    # the rate tells a user what a larger store's check will cost (docs/channels.md)
+    log.info("%s/%s: %d of %d token chunks hashed (%.2f GiB) in %.2f s (%.0f s/GiB); the "
+             "rest unchanged since they last passed", task, u.path, hashed, n, gib, seconds,
+             seconds / gib if gib else 0.0)
     return rows

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ import zarr
 from musketeers.cache import manifest
 from musketeers.cache.layout import DONE, create_done, done_flags
 from musketeers.cache.tokens import ANSWER, TOKENS, TokenRows, offsets_from_lengths
+from musketeers.cache.verified import Verified, chunk_key
 from musketeers.cache.zarrio import (
     child,
     child_names,
@@ -70,6 +72,18 @@ def token_units(g: zarr.Group) -> list[zarr.Group]:
     """Every token unit of an expert unit, channel by channel, layer by layer."""
     return [u for ch in TOKEN_CHANNELS for k in stored_layers(g, ch)
             if (u := token_unit(g, ch, k)) is not None]
+
+
+def find_token_unit(g: zarr.Group | None, channel: str, layer: int) -> zarr.Group | None:
+    """The expert unit ``g``'s token unit of ``channel`` at ``layer`` (-1: its last), None when
+    absent or unreadable: for callers that only record what is there (a run's fingerprints);
+    the reader tells the cases apart."""
+    n_layers = g.attrs.get("n_layers") if g is not None else None
+    k = resolve_layer(layer, n_layers) if isinstance(n_layers, int) else None
+    try:
+        return token_unit(g, channel, k) if k is not None else None
+    except Exception:  # noqa: BLE001 - Damaged metadata: the reader names the fix
+        return None
 
 
 def resolve_layer(layer: int, n_layers: int) -> int | None:
@@ -132,16 +146,20 @@ def write_chunk(u: zarr.Group, chunk: int, rows: Sequence[np.ndarray]) -> None:
     u[DONE][chunk] = 1
 
 
-def chunk_digest(u: zarr.Group, chunk: int) -> str:
+def chunk_digest(u: zarr.Group, chunk: int, rows: tuple[np.ndarray, np.ndarray] | None = None
+                 ) -> str:
     """sha256 of row chunk ``chunk``: its lengths and its tokens' stored bytes, bound to the
-    unit's path and fingerprint. Raises where a chunk is absent or won't decode."""
-    lengths = u[LENGTHS]
-    lo, hi = chunk_range(chunk, lengths.shape[0], lengths.chunks[0])
+    unit's path and fingerprint. ``rows``: (lengths, stored tokens) already read, so a check
+    decodes a chunk once. Raises where a chunk is absent or won't decode."""
+    if rows is None:
+        lengths = u[LENGTHS]
+        lo, hi = chunk_range(chunk, lengths.shape[0], lengths.chunks[0])
+        rows = (lengths[lo:hi], u[FLAT][str(chunk)][:])
+    counts, stored = rows
     h = hashlib.sha256(manifest.binding(u.path, u.attrs.get("fingerprint")).encode())
-    h.update(np.ascontiguousarray(lengths[lo:hi]).tobytes())
-    flat = u[FLAT][str(chunk)]
-    h.update(f"\0{flat.dtype.str}\0{flat.shape}\0".encode())
-    h.update(np.ascontiguousarray(flat[:]).tobytes())
+    h.update(np.ascontiguousarray(counts).tobytes())
+    h.update(f"\0{stored.dtype.str}\0{stored.shape}\0".encode())
+    h.update(np.ascontiguousarray(stored).tobytes())
     return h.hexdigest()
 
 
@@ -157,17 +175,18 @@ def chunk_fault(u: zarr.Group, chunk: int) -> str | None:
     if missing_chunks(flat):
         return "missing"
     try:
-        total = int(lengths[lo:hi].astype(np.int64).sum())
-        values = _decode(flat[:], u.attrs.get("dtype"))
+        counts, stored = lengths[lo:hi], flat[:]
+        values = _decode(stored, u.attrs.get("dtype"))
     except Exception:  # noqa: BLE001 - crc32c mismatch, truncated zstd frame, ...
         return "corrupt"
-    if flat.shape != (total, u.attrs.get("d")):
+    if flat.shape != (int(counts.astype(np.int64).sum()), u.attrs.get("d")):
         return "misshapen"  # its tokens disagree with its rows' lengths
     if not np.isfinite(values).all():
         return "non-finite"
     recorded = u.attrs.get(SHA256)
     if isinstance(recorded, list) and (chunk >= len(recorded) or
-                                       recorded[chunk] != chunk_digest(u, chunk)):
+                                       recorded[chunk] != chunk_digest(u, chunk,
+                                                                       (counts, stored))):
         return "swapped or edited"  # it differs from the digest recorded when it was built
     return None
 
@@ -186,10 +205,36 @@ def unit_damage(u: zarr.Group) -> str | None:
     return None
 
 
-def bad_chunks(u: zarr.Group) -> dict[int, str]:
-    """{chunk: fault} of the unit's finished chunks."""
-    flags = done_flags(u)
-    return {c: f for c in np.flatnonzero(flags).tolist() if (f := chunk_fault(u, c))}
+def chunk_files(u: zarr.Group, chunk: int) -> list[Path] | None:
+    """Every file row chunk ``chunk``'s rows are read from (its ``flat/<c>`` array's metadata
+    and chunk files, its ``lengths`` chunk and that array's metadata); None when the store is
+    not a folder on disk."""
+    root = getattr(u.store, "root", None)
+    if not isinstance(root, Path):
+        return None
+    unit = root / u.path
+    flat = unit / FLAT / str(chunk)
+    files = sorted(p for p in flat.rglob("*") if p.is_file()) if flat.is_dir() else [flat]
+    return [*files, unit / LENGTHS / "zarr.json", unit / LENGTHS / "c" / str(chunk)]
+
+
+def bad_chunks(u: zarr.Group, verified: Verified | None = None) -> dict[int, str]:
+    """{chunk: fault} of the unit's finished chunks. A chunk ``verified`` remembers as checked,
+    none of its files touched since, is not hashed again; one that passes is remembered."""
+    recorded = u.attrs.get(SHA256)
+    out = {}
+    for c in np.flatnonzero(done_flags(u)).tolist():
+        files = chunk_files(u, c) if verified is not None and isinstance(recorded, list) \
+            and c < len(recorded) else None
+        key = chunk_key((u.path, recorded[c], u.attrs.get("fingerprint"), u.attrs.get("dtype"),
+                         u.attrs.get("d")), files) if files else None
+        if verified is not None and verified.passed(key):
+            continue
+        if fault := chunk_fault(u, c):
+            out[c] = fault
+        elif verified is not None:
+            verified.add(key)
+    return out
 
 
 def is_complete(u: zarr.Group | None) -> bool:
@@ -209,6 +254,12 @@ def reopen(u: zarr.Group, chunks: Sequence[int]) -> None:
     u.attrs[COMPLETE] = False
 
 
+def stored_bytes(u: zarr.Group) -> int:
+    """Bytes of the unit's token states as stored, uncompressed (from metadata alone)."""
+    flat = u[FLAT]
+    return sum(flat[str(c)].nbytes for c in range(u[DONE].shape[0]) if str(c) in flat)
+
+
 def size(u: zarr.Group) -> int:
     """Tokens stored (finished or not) — for ``cache info``."""
     try:
@@ -218,8 +269,9 @@ def size(u: zarr.Group) -> int:
 
 
 class ChunkedFlat:
-    """The unit's per-chunk ``flat/<c>`` arrays seen as one ``[T_total, d]`` float32 array;
-    a slice reads only the zarr chunks it covers."""
+    """The unit's per-chunk ``flat/<c>`` arrays seen as one ``[T_total, d]`` float32 array.
+    ``read_slices`` reads many slices at once: each zarr chunk they cover is decoded once,
+    however many rows it holds, and only those chunks are in memory."""
 
     def __init__(self, u: zarr.Group, offsets: np.ndarray):
         lengths = u[LENGTHS]
@@ -227,21 +279,65 @@ class ChunkedFlat:
         self.arrays = [u[FLAT][str(c)] for c in range(u[DONE].shape[0])]
         self.starts = np.array([offsets[min(c * rows, len(offsets) - 1)]
                                 for c in range(len(self.arrays))] + [offsets[-1]], np.int64)
+        self.sizes = [a.chunks[0] for a in self.arrays]  # tokens per zarr chunk of each array
         self.dtype = u.attrs["dtype"]
         self.shape = (int(offsets[-1]), int(u.attrs["d"]))
 
     def __getitem__(self, key: slice) -> np.ndarray:
         lo, hi, _ = key.indices(self.shape[0])
-        parts = []
+        return self.read_slices([(lo, max(lo, hi))])[0]
+
+    def _pieces(self, lo: int, hi: int) -> list[tuple[int, int, int]]:
+        """``[lo, hi)`` as (array, start, stop) pieces local to each ``flat/<c>`` it spans."""
+        out = []
         first = max(int(np.searchsorted(self.starts, lo, side="right")) - 1, 0)
         for c in range(first, len(self.arrays)):
             if self.starts[c] >= hi:
                 break
             a, b = max(lo, self.starts[c]), min(hi, self.starts[c + 1])
             if a < b:
-                parts.append(_decode(self.arrays[c][a - self.starts[c]:b - self.starts[c]],
-                                     self.dtype))
-        return np.concatenate(parts) if parts else np.zeros((0, self.shape[1]), np.float32)
+                out.append((c, int(a - self.starts[c]), int(b - self.starts[c])))
+        return out
+
+    def read_slices(self, spans: Sequence[tuple[int, int]]) -> list[np.ndarray]:
+        """``flat[lo:hi]`` for each ``(lo, hi)``, float32. Per array, the zarr chunks the spans
+        cover are read in runs of adjacent chunks (one zarr call a run: its per-call cost
+        dwarfs a chunk's decode), each chunk once; the spans are then sliced in memory."""
+        pieces = [self._pieces(int(lo), int(hi)) for lo, hi in spans]
+        wanted: dict[int, set[int]] = {}
+        for c, a, b in (p for ps in pieces for p in ps):
+            size = self.sizes[c]
+            wanted.setdefault(c, set()).update(range(a // size, (b - 1) // size + 1))
+        loaded: dict[tuple[int, int], np.ndarray] = {}  # (array, chunk) -> decoded rows
+        for c, ks in wanted.items():
+            arr, size = self.arrays[c], self.sizes[c]
+            for first, last in _runs(sorted(ks)):
+                block = _decode(arr[first * size:min((last + 1) * size, arr.shape[0])],
+                                self.dtype)
+                for k in range(first, last + 1):
+                    loaded[c, k] = block[(k - first) * size:(k - first + 1) * size]
+        out = []
+        for ps in pieces:
+            parts = []
+            for c, a, b in ps:
+                size = self.sizes[c]
+                parts += [loaded[c, k][max(a, k * size) - k * size:min(b, (k + 1) * size)
+                                       - k * size]
+                          for k in range(a // size, (b - 1) // size + 1)]
+            out.append(np.concatenate(parts) if parts
+                       else np.zeros((0, self.shape[1]), np.float32))
+        return out
+
+
+def _runs(ks: list[int]) -> list[tuple[int, int]]:
+    """Sorted chunk indices as (first, last) runs of adjacent ones."""
+    runs: list[tuple[int, int]] = []
+    for k in ks:
+        if runs and k == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], k)
+        else:
+            runs.append((k, k))
+    return runs
 
 
 def token_rows(u: zarr.Group) -> TokenRows:

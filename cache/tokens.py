@@ -4,7 +4,8 @@ Besides the pooled vector per expert (channel ``pooled``), a store may hold the 
 every prompt token (``tokens``) or of every token of the expert's own greedy answer
 (``answer``) at chosen layers. Rows are ragged, so a channel is a flat ``[T_total, d]`` array
 plus offsets ``[N+1]``: row ``i`` is ``flat[offsets[i]:offsets[i+1]]``. ``TokenRows`` slices only
-the rows asked for, so a split's tokens are never loaded whole.
+the rows asked for, so a split's tokens are never loaded whole: at most the stored chunks one
+batch covers.
 """
 
 from __future__ import annotations
@@ -47,16 +48,20 @@ class TokenRows:
         return np.diff(self.offsets)
 
     def rows(self, idx: Sequence[int]) -> list[np.ndarray]:
-        """Rows ``idx``, each ``[T_i, d]`` float32; reads only their slices of ``flat``."""
+        """Rows ``idx``, each ``[T_i, d]`` float32; reads only their slices of ``flat``, all
+        at once where ``flat`` can (``read_slices``: a store's, each stored chunk decoded once
+        however many of the rows it holds)."""
         n = len(self)
-        out = []
+        spans = []
         for i in idx:
             i = int(i)
             if not 0 <= i < n:
                 raise IndexError(f"row {i} out of range for {n} rows")
-            lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
-            out.append(np.asarray(self.flat[lo:hi], dtype=np.float32).reshape(hi - lo, self.dim))
-        return out
+            spans.append((int(self.offsets[i]), int(self.offsets[i + 1])))
+        read = getattr(self.flat, "read_slices", None)
+        parts = read(spans) if read is not None else [self.flat[lo:hi] for lo, hi in spans]
+        return [np.asarray(p, dtype=np.float32).reshape(hi - lo, self.dim)
+                for p, (lo, hi) in zip(parts, spans, strict=True)]
 
     def padded(self, idx: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """Rows ``idx`` zero-padded to the longest: ``([B, T_max, d] float32, [B, T_max] bool)``,

@@ -12,6 +12,8 @@ for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ[_var] = "1"
 # the checkpoints' signing key: one per test session, never the user's own
 os.environ["MUSKETEERS_MANIFEST_KEY"] = str(Path(tempfile.mkdtemp()) / "manifest.key")
+# the token chunks the reader has checked: one memory per test session, never the user's own
+os.environ["MUSKETEERS_VERIFIED_DIR"] = tempfile.mkdtemp()
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures"

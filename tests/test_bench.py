@@ -432,3 +432,47 @@ def test_alternating_rounds_keep_every_step_and_the_round_it_came_from():
     assert m["step_s"] == [1.0, 2.0, 3.0] and m["round"] == [0, 0, 1]
     assert m["peak_rss_mib"] == 7.0
     assert merged([rounds[0], {"error": "no trl"}]) == {"error": "no trl"}
+
+
+def test_the_channels_section_times_each_channel_against_pooled(tmp_path):
+    """Each channel's step runs in its own child on a store precompute built with both token
+    channels; tokens is judged against pooled, and the pocket grid's stores are sized."""
+    from musketeers.bench.__main__ import main
+
+    out = tmp_path / "B.md"
+    assert main(["--quick", "--only", "channels", "--roster", "tiny", "--policy", "tiny",
+                 "--out", str(out), "--work-dir", str(tmp_path / "w")]) == 0
+    text = out.read_text()
+    assert "SKIP" not in text
+    assert re.search(r"\| channels \| tokens step ÷ pooled step \| \d+\.\d\d× \| ≤ 1\.50× \| "
+                     r"(PASS|MISS) \|", text)
+    assert re.search(r"\| channels \| answer peak RSS ÷ pooled \| \d+\.\d\d× \|", text)
+    for channel in ("pooled", "tokens", "answer"):
+        assert f"| channels | {channel} step | s/step |" in text
+    for task in ("arithmetic:easier@direct", "algorithmic:easier@direct"):
+        assert re.search(rf"\| channels \| store size {task} \(32 items, computed\)", text), task
+
+
+def test_the_computed_token_store_size_is_what_precompute_stores(tmp_path):
+    """store_sizes' tokens figure (token counts × d × dtype bytes) equals the bytes of the
+    ``tokens`` units precompute writes for the same items, in float32."""
+    from musketeers.bench.channels_bench import store_sizes
+    from musketeers.cache import layout, token_layout
+    from musketeers.cache.precompute import PrecomputeConfig, precompute_task
+    from musketeers.tasks import build_items, task_spec
+    from musketeers.teams import resolve_team
+
+    task, specs = "arithmetic:easy@direct", resolve_team("default", "tiny")
+    splits = {s: build_items(task, s, limit=3) for s in ("train", "val")}
+    path = precompute_task(tmp_path, task, task_spec(task), splits, specs,
+                           PrecomputeConfig(router=False, token_layers=(-1,)))
+    import zarr
+    root = zarr.open_group(path, mode="r")
+    stored = 0
+    for split in splits:
+        for spec in specs:
+            g = layout.find_expert(root, split, spec.name)
+            u = token_layout.find_token_unit(g, "tokens", -1)
+            stored += sum(u["flat"][str(c)].nbytes for c in range(u["done"].shape[0]))
+    sizes = store_sizes({"x": task}, specs, 3, "float32", 8)["x"]
+    assert sizes["items"] == 6 and sizes["tokens"] == stored > 0

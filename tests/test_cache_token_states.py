@@ -303,3 +303,64 @@ def test_token_states_option_parses_layers_or_names_its_form():
     assert parse_layers("12, -1") == (12, -1) and parse_layers(None) == ()
     with pytest.raises(UserError, match=r"^--token-states 'x': .*--token-states=-1$"):
         parse_layers("x")
+
+
+class CountingArray:
+    """A ``flat/<c>`` zarr array that records each zarr chunk a read decodes."""
+
+    def __init__(self, arr: zarr.Array, c: int, decoded: list[tuple[int, int]]):
+        self.arr, self.c, self.decoded = arr, c, decoded
+        self.shape, self.chunks = arr.shape, arr.chunks
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        lo, hi, _ = key.indices(self.shape[0])
+        size = self.chunks[0]
+        self.decoded += [(self.c, k) for k in range(lo // size, (hi - 1) // size + 1)] \
+            if hi > lo else []
+        return self.arr[key]
+
+
+def test_a_batch_decodes_each_stored_chunk_it_covers_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(token_layout, "TOKEN_CHUNK", 4)  # 4 tokens a zarr chunk: rows share them
+    g = zarr.open_group(tmp_path / "s.zarr", mode="w").require_group("e")
+    u = token_layout.create_token_unit(g, "tokens", 1, 8, 3, "bfloat16", 4, {"f": 1})
+    rng = np.random.default_rng(0)
+    rows = [rng.normal(size=(t, 3)).astype(np.float32) for t in (1, 2, 0, 3, 2, 5, 1, 1)]
+    for c in range(2):
+        token_layout.write_chunk(u, c, rows[4 * c:4 * c + 4])
+    got = token_layout.token_rows(u)
+    decoded: list[tuple[int, int]] = []
+    got.flat.arrays = [CountingArray(a, c, decoded) for c, a in enumerate(got.flat.arrays)]
+    batch = [7, 0, 3, 1, 5, 2, 4, 0]  # both row chunks, across zarr chunks, an empty row, twice
+    read = got.rows(batch)
+    for i, r in zip(batch, read, strict=True):
+        want = torch.tensor(rows[i]).bfloat16().float().numpy()
+        np.testing.assert_array_equal(r, want, err_msg=f"row {i}")
+    # row chunk 0 holds 6 tokens (zarr chunks 0, 1), row chunk 1 holds 9 (chunks 0, 1, 2)
+    assert sorted(decoded) == [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]
+    decoded.clear()
+    got.rows([4])  # 2 tokens of row chunk 1's zarr chunk 0: that chunk alone
+    assert decoded == [(1, 0)]
+
+
+def test_a_checked_chunk_is_hashed_again_only_once_a_file_of_it_changes(built, tmp_path,
+                                                                         monkeypatch):
+    monkeypatch.setenv("MUSKETEERS_VERIFIED_DIR", str(tmp_path / "verified"))
+    cache = copy_of(built, tmp_path)
+    real, hashed = token_layout.chunk_digest, []
+    monkeypatch.setattr(token_layout, "chunk_digest",
+                        lambda u, c, rows=None: (hashed.append(c), real(u, c, rows))[1])
+
+    def read():
+        hashed.clear()
+        return reader.read_token_rows(cache, TASK, "train", [SPEC.name], "tokens", 1)
+
+    read()
+    assert sorted(hashed) == [0, 1]  # 7 rows in row chunks of 4
+    read()
+    assert hashed == []  # a resume, or the next run on this store: nothing hashed again
+    flat = unit(cache)["flat"]["1"]
+    flat[:] = flat[:] * 2  # a valid chunk (its crc holds), other values
+    with pytest.raises(UserError, match=r"chunk 1: swapped or edited"):
+        read()
+    assert hashed == [1]

@@ -224,3 +224,35 @@ def test_every_adapter_method_trains_on_tokens(fixture_tokens, tmp_path, method)
     (row,) = metrics(tmp_path / method)
     assert row["loss"] is not None and row["grad_norm"] >= 0
     assert ("utilisation" in row) == (method != "no_cross_attn")
+
+
+def test_a_token_run_records_its_token_units_and_resume_refuses_other_ones(token_store, tmp_path):
+    import shutil
+
+    from musketeers.cache import token_layout
+    from musketeers.cache.store import store_path
+    from musketeers.run import runfolder
+
+    cache = tmp_path / "stores"
+    shutil.copytree(token_store, cache)
+    run = tmp_path / "run"
+    cfg = small("perceiver", cache, run, channel="tokens", token_layer=RAGGED)
+    names = expert_names_for(cfg)
+    root = zarr.open_group(store_path(cache, cfg.task), mode="r+")
+    units = {n: token_layout.token_unit(layout.find_expert(root, "train", n), "tokens", 0)
+             for n in names}
+    recorded = runfolder.store_fingerprints(cfg, names)
+    assert recorded["tokens"] == {n: u.attrs["fingerprint"] for n, u in units.items()}
+    assert all(recorded["tokens"].values())
+    assert recorded["tokens"] != runfolder.store_fingerprints(
+        replace(cfg, token_layer=ONE), names)["tokens"]  # another layer, another unit
+    assert "tokens" not in runfolder.store_fingerprints(replace(cfg, channel="pooled"), names)
+    runfolder.begin(cfg, run, recorded)
+    assert runfolder.check_store(cfg, run)
+    # one expert's layer-0 states rebuilt from other inputs; its pooled unit is untouched
+    g = layout.find_expert(root, "train", names[1])
+    rows = token_layout.token_rows(units[names[1]]).rows(range(g["last"].shape[0]))
+    from_memory.write_token_unit(g, "tokens", 0, rows, {"another": "expert"})
+    assert runfolder.store_fingerprints(cfg, names)["experts"] == recorded["experts"]
+    with pytest.raises(UserError, match=rf"\(expert {names[1]}'s token states differ\)"):
+        runfolder.check_store(cfg, run)

@@ -23,7 +23,8 @@ from musketeers.bench.machine import OFFLINE_ENV, machine_info, median, set_thre
 from musketeers.bench.trl_bench import REGIMES
 
 log = logging.getLogger("musketeers.bench")
-SECTIONS = ("matmul", "precompute", "reads", "train", "trl", "roofline", "sharing", "gpu")
+SECTIONS = ("matmul", "precompute", "reads", "train", "channels", "trl", "roofline", "sharing",
+            "gpu")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -126,11 +127,7 @@ def section_train(rep: rp.Report, args, ctx: dict) -> None:
     if not ctx.get("store_ready"):
         rep.skip("train", "cached vs live", "needs the precompute section's store")
         return
-    overrides = {"team": args.team, "roster": args.roster}
-    if args.policy:
-        overrides["policy"] = args.policy
-    if args.quick:
-        overrides.update(prompts_per_micro=2, grad_accum=1, group_size=2, max_new_tokens=8)
+    overrides = {"team": args.team, "roster": args.roster, **step_size(args)}
     res = bench_train(ctx["work"] / "stores", ctx["work"] / "runs", args.task, "cpu",
                       args.reps, 0 if args.quick else 1, overrides)
     for side, r in res.items():
@@ -164,6 +161,37 @@ def section_train(rep: rp.Report, args, ctx: dict) -> None:
             f"{c['peak_rss_mib']:.0f} | {lv['peak_rss_mib']:.0f} MiB")
     rep.check("train", "memory saved (vs experts' weights)", saved_mib,
               lv["experts_weights_mib"], "{:.0f} MiB")
+
+
+def section_channels(rep: rp.Report, args, ctx: dict) -> None:
+    """A pocket step on each channel, against pooled's, and the pocket grid's store sizes."""
+    from musketeers.bench import channels_bench as cb
+    from musketeers.cache.precompute import resolve_dtype
+    from musketeers.design.grid_yaml import read_grid_yaml
+    from musketeers.design.gridspec import grid_file
+    from musketeers.tasks import build_items
+    from musketeers.teams import resolve_team
+
+    specs, hint_tokens = resolve_team(args.team, args.roster), 8 if args.quick else 128
+    grid = read_grid_yaml(grid_file("pocket"))
+    limit = 16 if args.quick else grid["precompute"]["limit"]  # items per split
+    dtype = grid["precompute"]["dtype"]
+    cb.report_sizes(rep, cb.store_sizes(grid["tasks"], specs, limit, dtype, hint_tokens), dtype,
+                    hint_tokens)
+    stores = ctx["work"] / "channel-stores"
+    cb.build_store(stores, args.task, build_items(args.task, "train", limit=args.prompts),
+                   specs, resolve_dtype("auto", "cpu"), hint_tokens)
+    overrides = {"team": args.team, "roster": args.roster, **step_size(args)}
+    cb.report(rep, cb.bench_channels(stores, ctx["work"] / "runs", args.task, "cpu",
+                                     args.reps, 0 if args.quick else 1, overrides))
+
+
+def step_size(args) -> dict:
+    """The train and channels rows' policy, and in ``--quick`` a step of a few tokens."""
+    out = {"policy": args.policy} if args.policy else {}
+    if args.quick:
+        out.update(prompts_per_micro=2, grad_accum=1, group_size=2, max_new_tokens=8)
+    return out
 
 
 def section_trl(rep: rp.Report, args, ctx: dict) -> None:

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from musketeers.cache.errors import UserError
+from musketeers.cache.tokens import POOLED
 from musketeers.method.adapter import (
     AdapterOutput,
     ExpertInput,
@@ -114,6 +115,16 @@ def ignored(method: Any) -> tuple[str, ...]:
     registry does not know (an old run folder's), so such a run still reads, ungrouped."""
     spec = REGISTRY.get(str(method))
     return spec.ignores if spec else ()
+
+
+def token_channel(method: str, channel: str) -> str | None:
+    """The token channel (``tokens``, ``answer``) whose states ``method`` reads on ``channel``;
+    None where it reads pooled vectors, no vectors or no expert, or computes the same on every
+    channel (``zero_context``: its registry's ``ignores``)."""
+    spec = get(method)
+    if "vectors" not in spec.reads or not spec.uses_experts or "channel" in spec.ignores:
+        return None
+    return None if channel == POOLED else channel
 
 
 def fixed_steps(method: Any) -> int | None:

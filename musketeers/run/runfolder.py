@@ -2,9 +2,10 @@
 
 ``runs/<name>/`` is written by one training at a time: ``train`` holds ``runs/<name>.lock`` (the
 store's lock helper, so a killed run never leaves a stale lock) for the whole run. A fresh run
-records the fingerprints of what it reads (the train split's items, each expert's and, for
-hard routing, the router's) in ``fingerprints.json``; ``--resume`` compares them with the store
-it is given and refuses another, so ``--cache-dir`` may move a store but never swap it. It also
+records the fingerprints of what it reads (the train split's items, each expert's, on a token
+channel each expert's token unit's, and for hard routing the router's) in
+``fingerprints.json``; ``--resume`` compares them with the store it is given and refuses
+another, so ``--cache-dir`` may move a store but never swap it. It also
 records the sha256 of its resolved config (``config_digest.json``, what is computed:
 NOT_COMPUTED aside); ``--resume`` and ``eval`` refuse a ``config.yaml`` edited since, whose lr
 or steps would disagree with ``metrics.jsonl``.
@@ -33,7 +34,7 @@ import yaml
 import zarr
 from safetensors import SafetensorError
 
-from musketeers.cache import layout
+from musketeers.cache import layout, token_layout
 from musketeers.cache.errors import UserError
 from musketeers.cache.store import Lock, lock_path, store_path
 from musketeers.config import TrainConfig, read_run_config, save_config
@@ -161,6 +162,9 @@ def store_fingerprints(cfg: TrainConfig, experts: list[str]) -> dict[str, Any]:
                              "experts": dict.fromkeys(experts)}
     if "router" in methods.get(cfg.method).reads:  # the registry says, not a method's name
         found["router"] = None
+    channel = methods.token_channel(cfg.method, cfg.channel)
+    if channel is not None:  # the token states it reads, not only their expert's vectors
+        found["tokens"] = dict.fromkeys(experts)
     try:
         root = zarr.open_group(path, mode="r")
     except Exception:  # noqa: BLE001 - absent or unreadable: the reader names the fix later
@@ -170,6 +174,10 @@ def store_fingerprints(cfg: TrainConfig, experts: list[str]) -> dict[str, Any]:
         found["experts"][name] = layout.fingerprint(layout.find_expert(root, SPLIT, name))
     if "router" in found:
         found["router"] = layout.fingerprint(layout.find_router(root, SPLIT))
+    for name in found.get("tokens", {}):
+        u = token_layout.find_token_unit(layout.find_expert(root, SPLIT, name), channel,
+                                         cfg.token_layer)
+        found["tokens"][name] = u.attrs.get("fingerprint") if u is not None else None
     return found
 
 
@@ -180,6 +188,10 @@ def _differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
               if saved.get("experts", {}).get(n) != now["experts"].get(n)]
     if ("router" in saved or "router" in now) and saved.get("router") != now.get("router"):
         diffs.append("router")
+    if isinstance(saved.get("tokens"), dict):  # a run recorded before them is not compared
+        was, is_ = saved["tokens"], now.get("tokens") or {}
+        diffs += [f"expert {n}'s token states" for n in dict.fromkeys([*was, *is_])
+                  if was.get(n) != is_.get(n)]
     return diffs
 
 
