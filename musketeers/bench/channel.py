@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--warmup-policy-lr", type=float, default=0.0,
                     help="fit the policy's LoRA beside φ at this lr (warmup_policy_lr; 0: frozen)")
+    ap.add_argument("--max-new-tokens", type=int, default=None,
+                    help="a greedy answer's new tokens (default: the pocket budget's)")
     ap.add_argument("--permute-targets", action="store_true",
                     help="ask each item another item's question, keep its answer and states: "
                          "C is the only way to score (musketeers.bench.permuted)")
@@ -141,7 +143,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             standardize_experts=args.standardize, pooling=args.pooling, channel=channel,
             token_layer=args.token_layer, adapter_warmup=args.steps,
             adapter_warmup_lr=args.lr, adapter_warmup_batch=args.batch,
-            warmup_policy_lr=args.warmup_policy_lr))
+            warmup_policy_lr=args.warmup_policy_lr,
+            **({} if args.max_new_tokens is None else {"max_new_tokens": args.max_new_tokens})))
         out, policy = measure(cfg, args.eval_items, args.permute_targets, policy)
         print(json.dumps(out))
         results.append(out)
