@@ -28,6 +28,8 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Where C enters the policy's prefix (musketeers.method.policy.Policy.build_inputs).
 CONTEXT_POSITIONS = ("before_generation_prompt", "after_prompt", "before_prompt")
 CONTEXT_SCALES = ("init", "embedding")
+# a token channel's layer unless told: each expert's last hidden state
+DEFAULT_TOKEN_LAYER = -1
 # sizes past which a run cannot start on any machine here (tensors of terabytes, or an
 # overflow): refused with a line instead of a traceback deep inside torch
 SIZE_LIMITS = {"group_size": 1024, "latents": 4096, "d_model": 16384, "heads": 1024,
@@ -136,8 +138,9 @@ class TrainConfig:
                        help="what the adapter reads of each expert: pooled (one vector, the "
                             "paper's), tokens (every prompt token) or answer (every token of "
                             "its own greedy answer)")
-    token_layer: int = opt(-1, cli=True, help="the hidden-state layer a token channel reads "
-                                              "(-1: each expert's last, 0: embeddings)")
+    token_layer: int = opt(DEFAULT_TOKEN_LAYER, cli=True,
+                           help="the hidden-state layer a token channel reads "
+                                "(-1: each expert's last, 0: embeddings)")
     standardize_experts: bool = opt(
         False, cli="--standardize-experts/--no-standardize-experts",
         help="centre and scale each expert dimension by the train split's statistics "

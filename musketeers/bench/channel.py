@@ -11,6 +11,11 @@ beats both, the channel carries item information and what RL lacks is signal, no
 
     python -m musketeers.bench.channel --task arithmetic:easier@direct --team oracle \\
         --cache-dir stores/pocket --steps 150
+
+``--permute-targets`` asks each item another item's question and keeps its answer and states
+(``musketeers.bench.permuted``): reading C is then the only way to score, and the answers are
+reported by the target's length, beside the constant answer. ``--channel`` takes a comma
+list (``pooled,tokens,answer``): one fresh adapter per channel, one policy for all.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import time
 
 import torch
 
+from musketeers.bench import permuted
 from musketeers.config import resolve_config
 from musketeers.method.methods import derangement
 from musketeers.method.rollout import adapter_context, policy_score
@@ -59,10 +65,50 @@ def paired(a: list[bool], b: list[bool]) -> dict[str, float]:
     return {"diff": 100 * d.mean().item(), "se": 100 * (d.std() / len(d) ** 0.5).item()}
 
 
-def main(argv: list[str] | None = None) -> dict:
+def measure(cfg, eval_items: int, permute: bool, policy=None) -> tuple[dict, object]:
+    """Warm up a fresh adapter on ``cfg``'s channel, then grade greedy answers on the first
+    ``eval_items`` validation items with C from their own states, another item's and none.
+    ``permute``: every split asks each row another row's question (``permuted``); the
+    answers are also reported by the target's length, beside the constant answer. Returns
+    the results and the policy, which the next channel reuses."""
+    reuse = policy is not None and cfg.warmup_policy_lr == 0  # a fitted LoRA is not reused
+    train, policy, adapter = build_components(
+        cfg, "train", policy_factory=(lambda _cfg: policy) if reuse else None)
+    val, _, _ = build_components(cfg, "val", limit=eval_items,
+                                 policy_factory=lambda _cfg: policy)
+    if permute:
+        train, val = permuted.permute_targets(train, cfg.seed), permuted.permute_targets(
+            val, cfg.seed)
+    t0 = time.perf_counter()
+    rows = warm_up_adapter(cfg, policy, adapter, train)
+    nll = [r["gold_nll"] for r in rows]
+    log.info("warm-up: %d steps in %.0f s", len(rows), time.perf_counter() - t0)
+    adapter.eval()
+    out = {"task": cfg.task, "team": cfg.team, "experts": cfg.experts,
+           "steps": cfg.adapter_warmup, "batch": cfg.adapter_warmup_batch,
+           "lr": cfg.adapter_warmup_lr, "context_scale": cfg.context_scale,
+           "eval_items": eval_items, "standardize": cfg.standardize_experts,
+           "pooling": cfg.pooling, "channel": cfg.channel, "token_layer": cfg.token_layer,
+           "warmup_policy_lr": cfg.warmup_policy_lr, "permute_targets": permute,
+           "nll_first10": sum(nll[:10]) / 10, "nll_last10": sum(nll[-10:]) / 10}
+    right = {m: greedy_exact(cfg, policy, adapter, val, eval_items, m)
+             for m in ("own", "shuffled", "none")}
+    graded = val.items[:len(right["own"])]
+    const = permuted.constant_answer(train.items)
+    right["constant"] = [policy_score(it, f"<answer>{const}</answer>", cfg.extraction) >= 1.0
+                         for it in graded]
+    out |= {f"exact_{m}": 100 * sum(r) / len(r) for m, r in right.items()}
+    out |= {f"own_minus_{m}": paired(right["own"], right[m]) for m in ("shuffled", "none")}
+    out |= {"constant_answer": const, "by_length": permuted.by_length(graded, right)}
+    return out, policy
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--task", default="arithmetic:easier@direct")
     ap.add_argument("--team", default="oracle")
+    ap.add_argument("--experts", default=None,
+                    help="comma-separated experts instead of --team (e.g. the oracle alone)")
     ap.add_argument("--cache-dir", default="stores")
     ap.add_argument("--policy", default="qwen2.5-coder-0.5b-instruct")
     ap.add_argument("--steps", type=int, default=150)
@@ -70,7 +116,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--context-scale", default="embedding")
     ap.add_argument("--pooling", default="last", help="the experts' pooling (as train's)")
-    ap.add_argument("--channel", default="pooled", help="pooled, tokens or answer (as train's)")
+    ap.add_argument("--channel", default="pooled",
+                    help="pooled, tokens or answer (as train's); a comma list runs each")
     ap.add_argument("--token-layer", type=int, default=-1, help="a token channel's layer")
     ap.add_argument("--standardize", action="store_true",
                     help="centre and scale the expert vectors first (standardize_experts)")
@@ -79,35 +126,34 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--warmup-policy-lr", type=float, default=0.0,
                     help="fit the policy's LoRA beside φ at this lr (warmup_policy_lr; 0: frozen)")
+    ap.add_argument("--max-new-tokens", type=int, default=None,
+                    help="a greedy answer's new tokens (default: the pocket budget's)")
+    ap.add_argument("--permute-targets", action="store_true",
+                    help="ask each item another item's question, keep its answer and states: "
+                         "C is the only way to score (musketeers.bench.permuted)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    cfg = resolve_config(overrides=dict(
-        task=args.task, team=args.team, cache_dir=args.cache_dir, policy=args.policy,
-        budget="pocket", extraction="lenient", context_scale=args.context_scale,
-        dtype=args.dtype, seed=args.seed, run_dir="runs/channel",
-        standardize_experts=args.standardize, pooling=args.pooling, channel=args.channel,
-        token_layer=args.token_layer, adapter_warmup=args.steps,
-        adapter_warmup_lr=args.lr, adapter_warmup_batch=args.batch,
-        warmup_policy_lr=args.warmup_policy_lr))
-    train, policy, adapter = build_components(cfg, "train")
-    val, _, _ = build_components(cfg, "val", limit=args.eval_items,
-                                 policy_factory=lambda _cfg: policy)
-    t0 = time.perf_counter()
-    rows = warm_up_adapter(cfg, policy, adapter, train)
-    nll = [r["gold_nll"] for r in rows]
-    log.info("warm-up: %d steps in %.0f s", len(rows), time.perf_counter() - t0)
-    adapter.eval()
-    out = {"task": args.task, "team": args.team, "steps": args.steps, "batch": args.batch,
-           "lr": args.lr, "context_scale": args.context_scale, "eval_items": args.eval_items,
-           "standardize": args.standardize, "pooling": args.pooling, "channel": args.channel,
-           "warmup_policy_lr": args.warmup_policy_lr,
-           "nll_first10": sum(nll[:10]) / 10, "nll_last10": sum(nll[-10:]) / 10}
-    right = {m: greedy_exact(cfg, policy, adapter, val, args.eval_items, m)
-             for m in ("own", "shuffled", "none")}
-    out |= {f"exact_{m}": 100 * sum(r) / len(r) for m, r in right.items()}
-    out |= {f"own_minus_{m}": paired(right["own"], right[m]) for m in ("shuffled", "none")}
-    print(json.dumps(out))
-    return out
+    team = ({"experts": args.experts.split(",")} if args.experts else {"team": args.team})
+    results, policy = [], None
+    for channel in args.channel.split(","):
+        cfg = resolve_config(overrides=dict(
+            task=args.task, **team, cache_dir=args.cache_dir, policy=args.policy,
+            budget="pocket", extraction="lenient", context_scale=args.context_scale,
+            dtype=args.dtype, seed=args.seed, run_dir="runs/channel",
+            standardize_experts=args.standardize, pooling=args.pooling, channel=channel,
+            token_layer=args.token_layer, adapter_warmup=args.steps,
+            adapter_warmup_lr=args.lr, adapter_warmup_batch=args.batch,
+            warmup_policy_lr=args.warmup_policy_lr,
+            **({} if args.max_new_tokens is None else {"max_new_tokens": args.max_new_tokens})))
+        out, policy = measure(cfg, args.eval_items, args.permute_targets, policy)
+        print(json.dumps(out))
+        results.append(out)
+    if args.permute_targets:
+        conditions = ["own", "shuffled", "none", "constant"]
+        for out in results:
+            print("\n".join(["", *permuted.length_table(out["channel"], out["by_length"],
+                                                        conditions)]))
+    return results
 
 
 if __name__ == "__main__":

@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from musketeers.cache.tokens import CHANNELS, POOLED
+from musketeers.config import DEFAULT_TOKEN_LAYER
+
 OURS: dict[str, Any] = {"method": "perceiver", "team": "default"}
 
 
@@ -22,7 +25,25 @@ class Comparison:
     control: dict[str, Any]
     why: str  # what a difference would show, for the details under the table
     positive_control: bool = False  # must hold, or the setup cannot see help at all
-    defaults: dict[str, Any] = field(default_factory=lambda: {"pooling": "last"})
+    # the cells' other group-key fields: the paper's channel unless a comparison names one
+    defaults: dict[str, Any] = field(default_factory=lambda: {"pooling": "last",
+                                                              "channel": POOLED})
+
+
+def channel_comparisons(channel: str) -> tuple[Comparison, ...]:
+    """The positive control through a token channel (at the default layer): the oracle read
+    through ``channel`` against Single and against its own shuffled experts on that channel."""
+    on = {"channel": channel, "token_layer": DEFAULT_TOKEN_LAYER}
+    oracle = {**OURS, "team": "oracle"}
+    return (
+        Comparison(f"oracle ({channel}) > Single", oracle, {"method": "single"},
+                   f"expert help that surely exists passes through the {channel} channel",
+                   positive_control=True, defaults=on),
+        Comparison(f"oracle ({channel}) > its shuffled experts", oracle,
+                   {**oracle, "method": "shuffled_experts"},
+                   f"the gain through the {channel} channel comes from the item's own states",
+                   positive_control=True, defaults=on),
+    )
 
 
 COMPARISONS: tuple[Comparison, ...] = (
@@ -49,6 +70,7 @@ COMPARISONS: tuple[Comparison, ...] = (
                "Table 1: soft cross-attention beats one routed expert"),
     Comparison("Ours > no cross-attention", OURS, {**OURS, "method": "no_cross_attn"},
                "Table 1: cross-attention beats a token-wise FFN"),
+    *(c for channel in CHANNELS if channel != POOLED for c in channel_comparisons(channel)),
 )
 
 

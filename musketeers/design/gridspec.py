@@ -18,7 +18,9 @@ from typing import Any
 
 from musketeers.cache.errors import UserError
 from musketeers.cache.store import store_name
+from musketeers.cache.tokens import POOLED
 from musketeers.cache.untrusted import safe_name
+from musketeers.config import DEFAULT_TOKEN_LAYER
 from musketeers.design import experiment
 from musketeers.design.grid_yaml import check_grid, read_grid_yaml
 from musketeers.design.prereg import Preregistration, read_prereg
@@ -26,7 +28,7 @@ from musketeers.method.methods import fixed_steps, ignored
 
 BUDGETS = ("smoke", "pocket", "paper")
 # Order of the fields in a run's name.
-NAME_FIELDS = ("task", "method", "team", "pooling", "latents")
+NAME_FIELDS = ("task", "method", "team", "pooling", "channel", "token_layer", "latents")
 
 
 @dataclass(frozen=True)
@@ -67,16 +69,29 @@ def grid_file(budget: str) -> Path:
     return Path(str(resources.files("musketeers") / "configs" / "ablations" / f"{budget}.yaml"))
 
 
+def _unnamed(fields: dict[str, Any]) -> set[str]:
+    """The name fields a run's name leaves out although given: the pooled channel and the
+    last layer (the defaults, so a grid from before channels keeps its names); on a token
+    channel the pooling, which it does not read."""
+    channel = fields.get("channel")
+    if channel in (None, POOLED):
+        return {"channel", "token_layer"}
+    last = fields.get("token_layer") in (None, DEFAULT_TOKEN_LAYER)
+    return {"pooling", "token_layer"} if last else {"pooling"}
+
+
 def run_name(budget: str, fields: dict[str, Any]) -> str:
-    """Unique folder name ``<budget>-<task>-<method>[-team][-pooling][-mK]-s<seed>``."""
-    skip = set(ignored(fields.get("method")))
+    """Unique folder name
+    ``<budget>-<task>-<method>[-team][-pooling][-channel][-L<layer>][-mK]-s<seed>``."""
+    skip = set(ignored(fields.get("method"))) | _unnamed(fields)
     parts = [budget]
     for key in NAME_FIELDS:
         if key in skip or fields.get(key) is None:
             continue
         value = store_name(str(fields[key])) if key == "task" else fields[key]
         # a task file's path becomes its store's name: no slashes in a run folder's name
-        value = f"m{value}" if key == "latents" else str(value).replace(":", "")
+        prefix = {"latents": "m", "token_layer": "L"}.get(key, "")
+        value = f"{prefix}{value}".replace(":", "")
         parts.append(safe_name(value, f"the grid's {key}",
                                f"give {key} a plain value in the grid file"))
     parts.append(safe_name(f"s{fields.get('seed', 0)}", "the grid's seed",

@@ -13,7 +13,8 @@ from musketeers.config import TrainConfig
 from musketeers.design.gridspec import Grid
 from musketeers.grid.ledger import PHASES, ledger_path, precompute_calls, run_seconds, totals
 from musketeers.method import methods
-from musketeers.reports.aggregate import Run, group_key
+from musketeers.reports.aggregate import Run
+from musketeers.reports.keys import group_key
 from musketeers.reports.verdicts import bullet
 
 

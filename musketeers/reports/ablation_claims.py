@@ -9,9 +9,10 @@ import math
 import numpy as np
 
 from musketeers.design import experiment
-from musketeers.reports.aggregate import Run, bernoulli_se, cell, select
+from musketeers.reports.aggregate import Run, bernoulli_se, cell
 from musketeers.reports.controls import seed_spread
 from musketeers.reports.figures import LATENTS
+from musketeers.reports.keys import select
 from musketeers.reports.paired import paired_context, paired_context_gain
 from musketeers.reports.series import series
 from musketeers.reports.tables import (

@@ -21,13 +21,11 @@ import numpy as np
 import yaml
 
 from musketeers.method import methods
-from musketeers.method.methods import ignored
 from musketeers.method.routing import spearman
+from musketeers.reports.keys import group_key, select
 from musketeers.run.runfolder import is_finished
 from musketeers.run.runlog import by_source, eval_files, mean_or_none, read_metrics
-from musketeers.tasks.variants import task_family
 
-GROUP_FIELDS = ("task", "method", "team", "pooling", "latents")
 METRICS = ("exact", "score")
 
 
@@ -202,18 +200,6 @@ class Run:
         return None if rho is None or math.isnan(rho) else float(rho)
 
 
-def group_key(config: dict[str, Any]) -> dict[str, Any]:
-    """The fields that define a table cell; seeds of one key are averaged. A task variant
-    (``arithmetic:easy@direct``) fills its base task's column; ``Cell.variants`` names it."""
-    key = {k: config.get(k) for k in GROUP_FIELDS}
-    if isinstance(key["task"], str):
-        key["task"] = task_family(key["task"])
-    for k in ignored(key["method"]):
-        if k in key:
-            key[k] = None
-    return key
-
-
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text()) if path.is_file() else None
@@ -353,17 +339,6 @@ class Cell:
         std = f" ± {self.std:.2f}" if self.std is not None else " (1 seed)"
         extra = f" ({len(self.failed)} FAILED)" if self.failed else ""
         return f"{self.mean:.2f}{std}{extra}"
-
-
-def select(runs: list[Run], **key: Any) -> list[Run]:
-    """Runs whose group key matches every given field (None matches a dropped field)."""
-    out = []
-    for run in runs:
-        rk = run.key
-        if all(rk.get(k) == (None if k in ignored(rk["method"]) else v)
-               for k, v in key.items()):
-            out.append(run)
-    return out
 
 
 def cell(runs: list[Run], metric: str = "exact", **key: Any) -> Cell:

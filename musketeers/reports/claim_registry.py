@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from musketeers.reports.ablation_claims import context_claims, latents_claim, pooling_claim
-from musketeers.reports.aggregate import Run, select
+from musketeers.reports.aggregate import Run
 from musketeers.reports.claims import (
     BASELINES,
     SINGLE_KEY,
@@ -19,6 +19,7 @@ from musketeers.reports.claims import (
     ours_beats_single_claims,
     reward_claim,
 )
+from musketeers.reports.keys import select
 from musketeers.reports.learning import rl_moves_claim
 from musketeers.reports.routing_claims import routing_claims
 from musketeers.reports.tables import (

@@ -10,8 +10,9 @@ A claim without its control run is no evidence either way, and says so. Accuracy
 from __future__ import annotations
 
 from musketeers.method import methods
-from musketeers.reports.aggregate import Cell, Run, cell, select
+from musketeers.reports.aggregate import Cell, Run, cell
 from musketeers.reports.controls import exact_control, reward_control, seed_spread
+from musketeers.reports.keys import select
 from musketeers.reports.tables import (
     DEFAULT_LATENTS,
     DEFAULT_POOLING,

@@ -21,7 +21,8 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from musketeers.design import experiment  # noqa: E402
-from musketeers.reports.aggregate import Run, mean_std, select  # noqa: E402
+from musketeers.reports.aggregate import Run, mean_std  # noqa: E402
+from musketeers.reports.keys import select  # noqa: E402
 from musketeers.reports.series import experts_of, series  # noqa: E402
 from musketeers.reports.tables import (  # noqa: E402
     DEFAULT_POOLING,

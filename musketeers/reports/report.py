@@ -15,11 +15,12 @@ from musketeers.cache.untrusted import printable
 from musketeers.design.gridspec import Grid
 from musketeers.design.prereg import implicit
 from musketeers.method.methods import ignored
-from musketeers.reports.aggregate import METRICS, Run, group_key, load_runs
+from musketeers.reports.aggregate import METRICS, Run, load_runs
 from musketeers.reports.by_source import by_source_markdown
 from musketeers.reports.claim_registry import paper_claims
 from musketeers.reports.claims import cell_comparisons, routed
 from musketeers.reports.figures import all_figures
+from musketeers.reports.keys import group_key
 from musketeers.reports.routing_claims import PAPER_SPEARMAN
 from musketeers.reports.series import mean_spearman
 from musketeers.reports.tables import (

@@ -9,7 +9,8 @@ import math
 
 import numpy as np
 
-from musketeers.reports.aggregate import Run, mean_std, select, spearman_reward_entropy
+from musketeers.reports.aggregate import Run, mean_std, spearman_reward_entropy
+from musketeers.reports.keys import select
 from musketeers.reports.tables import DEFAULT_POOLING, DEFAULT_TEAM, ROUTING_CONTROL
 from musketeers.reports.verdicts import NO_CONTROL, claim_line, seeds_text, two_se_clause
 from musketeers.tasks.variants import task_title

@@ -1,7 +1,7 @@
 """The report's verdict table: every comparison declared once, as data, and tested alike.
 
 A ``Comparison`` names the cell it tests and the control it is tested against, by group
-keys (``aggregate.GROUP_FIELDS``), never by display labels. ``verdict_rows`` finds both cells
+keys (``keys.GROUP_FIELDS``), never by display labels. ``verdict_rows`` finds both cells
 on every family where the tested cell ran, pairs them seed by seed, and tests the per-seed
 differences with the paired t over seeds (``stats``); p-values are Holm-adjusted across the
 whole table. Adding a claim means adding one entry to ``COMPARISONS``.

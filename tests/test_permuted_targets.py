@@ -1,0 +1,105 @@
+"""The permuted-target experiment (musketeers.bench.permuted): each row is asked another row's
+question and keeps its answer and expert states, so C is the only way to score; graded
+against that target, reported by its length."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from musketeers.bench.channel import measure
+from musketeers.bench.permuted import (
+    answer_length,
+    by_length,
+    constant_answer,
+    length_table,
+    permute_targets,
+    target_permutation,
+)
+from musketeers.cache.items import Item
+from musketeers.checks.planted import DIM, EXPERTS, ORACLE, planted_config
+from musketeers.method.rollout import policy_score
+from musketeers.run.build import expert_names_for
+from musketeers.run.data import load_split
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_the_target_permutation_is_fixed_seeded_and_a_derangement():
+    for n in (2, 3, 17, 128):
+        sigma = target_permutation(n, 0)
+        assert sigma == target_permutation(n, 0)  # fixed: the same every call
+        assert sorted(sigma) == list(range(n))
+        assert all(j != i for i, j in enumerate(sigma)), n  # no row keeps its question
+    assert target_permutation(128, 1) != target_permutation(128, 0)
+
+
+def decode_oracle(vectors: torch.Tensor) -> list[str]:
+    """The digit whose planted code is nearest each oracle vector (checks.planted's codes)."""
+    codes = torch.from_numpy(np.random.default_rng(0).standard_normal((10, DIM))
+                             .astype(np.float32))
+    return [str(int(d)) for d in torch.cdist(vectors, codes).argmin(1)]
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_each_row_is_asked_another_question_and_its_c_carries_its_target(
+        planted_store, tmp_path: Path, split: str):
+    cfg = planted_config("perceiver", 0, 1, planted_store, tmp_path / "r")
+    data = load_split(cfg, split, expert_names_for(cfg))
+    moved = permute_targets(data, cfg.seed)
+    sigma = target_permutation(len(data), cfg.seed)
+    assert [it.question for it in moved.items] == [data.items[j].question for j in sigma]
+    assert [it.answer for it in moved.items] == [it.answer for it in data.items]
+    assert [it.entry for it in moved.items] == [it.entry for it in data.items]
+    items, vectors, _ = moved.batch(torch.arange(len(moved)))
+    said = decode_oracle(vectors[EXPERTS.index(ORACLE)])
+    # what the oracle's states say is the target the row is graded on...
+    assert said == [it.answer for it in items]
+    # ...and not the answer of the question the policy reads (only chance coincidences)
+    own = [data.items[j].answer for j in sigma]
+    assert sum(s == o for s, o in zip(said, own, strict=True)) < len(said) / 2
+
+
+def test_grading_reads_the_permuted_target_not_the_questions_own_answer(planted_store,
+                                                                        tmp_path: Path):
+    cfg = planted_config("perceiver", 0, 1, planted_store, tmp_path / "r")
+    data = load_split(cfg, "val", expert_names_for(cfg))
+    moved = permute_targets(data, cfg.seed)
+    sigma = target_permutation(len(data), cfg.seed)
+    differ = [i for i, j in enumerate(sigma) if data.items[j].answer != data.items[i].answer]
+    assert differ
+    for i in differ:
+        asked = data.items[sigma[i]]  # the item whose question row i shows
+        assert policy_score(moved.items[i], f"<answer>{moved.items[i].answer}</answer>") == 1.0
+        assert policy_score(moved.items[i], f"<answer>{asked.answer}</answer>") == 0.0
+
+
+def test_exact_by_length_counts_each_length_with_its_interval():
+    def item(a: str) -> Item:
+        return Item(id=a, question="q", system="", answer=a, entry="{}", source="s")
+
+    assert [answer_length(a) for a in ("7", "-12", "3.50", "yes")] == [1, 2, 3, 3]
+    items = [item(a) for a in ("1", "2", "10", "-11", "12", "2")]
+    assert constant_answer(items) == "2"
+    rows = by_length(items, {"own": [True, True, True, False, False, True]})
+    assert [(r["length"], r["n"]) for r in rows] == [(1, 3), (2, 3)]
+    p, low, high = rows[0]["own"]
+    assert p == 100.0 and 40 < low < 100 and high == pytest.approx(100.0)
+    p, low, high = rows[1]["own"]
+    assert p == pytest.approx(100 / 3) and low < p < high
+    table = length_table("tokens", rows, ["own"])
+    assert table[-2].startswith("| 1 | 3 | 100.0 [") and table[-1].startswith("| 2 | 3 | 33.3 [")
+
+
+def test_c_is_the_only_way_to_score_a_permuted_target(planted_store, tmp_path: Path):
+    """Trained by supervision on permuted targets, the planted oracle's own states name the
+    target; another item's states and no C leave the policy at chance."""
+    cfg = planted_config("perceiver", 0, 1, planted_store, tmp_path / "r",
+                         adapter_warmup=60, adapter_warmup_lr=1e-2, adapter_warmup_batch=16)
+    out, _ = measure(cfg, 16, permute=True)
+    assert out["permute_targets"] and [r["n"] for r in out["by_length"]] == [16]
+    assert out["exact_own"] >= out["exact_shuffled"] + 30, out
+    assert out["exact_own"] >= out["exact_constant"] + 30, out
