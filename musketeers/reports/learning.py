@@ -9,8 +9,9 @@ only: a supervised warm-up is logged apart and is not RL's doing.
 
 from __future__ import annotations
 
-from musketeers.reports.aggregate import Run, select
+from musketeers.reports.aggregate import Run
 from musketeers.reports.claims import SINGLE_KEY
+from musketeers.reports.keys import select
 from musketeers.reports.stats import paired_seed_test
 from musketeers.reports.verdicts import claim_line, seeds_text
 from musketeers.run.learning import RewardTrend, reward_trend
