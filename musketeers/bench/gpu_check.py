@@ -1,6 +1,7 @@
 """The GPU check: one prepared run, the first time a GPU is lent, of what the CPU cannot show.
 
-    python -m musketeers.bench.gpu_check OUT --model-dir DIR   (make gpu-check OUT=... MODEL_DIR=...)
+    python -m musketeers.bench.gpu_check OUT --model-dir DIR
+    make gpu-check GPU_OUT=OUT MODEL_DIR=DIR
 
 On one CUDA device, with random weights of the paper's shapes (``bench.gpu.PAPER_SHAPES``):
 
@@ -80,7 +81,8 @@ def small_policy(model_dir: Path, device: str, dtype: torch.dtype, seed: int = 0
     config = type(config)(**{**config.to_dict(), **SMALL, "layer_types": None})
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    policy = Policy(model.to(device=device, dtype=dtype), load_tokenizer(expert_spec(str(model_dir))))
+    tokenizer = load_tokenizer(expert_spec(str(model_dir)))
+    policy = Policy(model.to(device=device, dtype=dtype), tokenizer)
     with torch.no_grad():  # LoRA's B is zero at init: perturbed so the policy's own path runs
         torch.manual_seed(seed + 1)
         for name, p in policy.model.named_parameters():
@@ -126,7 +128,8 @@ def markdown(result: dict[str, Any]) -> str:
                   f"a roofline of {step['roofline_s']:.2f} s "
                   f"({step['roofline_s'] / step['step_s']:.0%}); peak GPU memory "
                   f"{step['peak_gpu_mib'] / 1024:.1f} GiB", "",
-                  "| phase | measured (s) | ideal (s) | share | bound |", "|---|---:|---:|---:|---|"]
+                  "| phase | measured (s) | ideal (s) | share | bound |",
+                  "|---|---:|---:|---:|---|"]
         for phase, s in step["phases"].items():
             share = "n/a" if s["share"] is None else f"{s['share']:.1%}"
             lines.append(f"| {phase} | {s['measured_s']:.3f} | {s['ideal_s']:.3f} | {share} | "
