@@ -20,7 +20,7 @@ BENCH_ARGS ?= --reps 3 --prompts 32 --policy smollm2
 SHARED ?= $(abspath ../shared)
 export MUSKETEERS_GSM8K_DIR ?= $(SHARED)/data/gsm8k
 
-.PHONY: install demo test test-slow lint fixtures precompute train ablations bench clean
+.PHONY: install demo test test-slow lint fixtures precompute train ablations bench gpu-check clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PY_SYS) -m venv $(VENV)
@@ -71,6 +71,12 @@ ablations: install
 
 bench: install
 	$(PY) -m musketeers.bench $(BENCH_ARGS)
+
+# on a lent GPU: the paper step vs the roofline, peak GPU memory, CUDA vs CPU log-probs
+GPU_OUT ?= gpu-check
+MODEL_DIR ?=
+gpu-check: install
+	$(PY) -m musketeers.bench.gpu_check $(GPU_OUT) --model-dir "$(MODEL_DIR)"
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

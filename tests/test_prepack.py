@@ -35,9 +35,8 @@ def test_a_weight_changed_in_place_is_repacked_not_served_stale():
     net, x = frozen_mlp(), torch.randn(8, 48)
     with torch.no_grad(), prepacked_linears(net, rows=8):
         net(x)
-    first = net[0]._prepacked[1]
-    with torch.no_grad(), prepacked_linears(net, rows=8):
-        assert net[0]._prepacked[1] is first  # a frozen weight is reordered once
+        assert "_prepacked" in net[0].__dict__
+    assert not any("_prepacked" in m.__dict__ for m in net)  # no second copy after it
     with torch.no_grad():
         net[0].weight.mul_(-1.0)
         want = net(x)

@@ -205,6 +205,13 @@ def section_trl(rep: rp.Report, args, ctx: dict) -> None:
         else:
             rep.measure("trl", f"{side} step ({args.trl_regime})", "s/step", r["step_s"])
             rep.measure("trl", f"{side} peak RSS", "MiB", [r["peak_rss_mib"]])
+    if "error" not in res["single"]:
+        single = res["single"]
+        # the process's own ru_maxrss (a child per side), and where in the step it was reached
+        rep.check("trl", "peak RSS single (pocket step)", single["peak_rss_mib"] / 1024, 6.0,
+                  "{:.1f} GiB", higher_is_better=False)
+        rep.row("trl", "single peak RSS by phase", ", ".join(
+            f"{k} {v:.0f}" for k, v in single.get("phase_peak_rss_mib", {}).items()) + " MiB")
     if any("error" in r for r in res.values()):
         return
     ctx["single_steps"] = res["single"]
@@ -221,8 +228,6 @@ def section_trl(rep: rp.Report, args, ctx: dict) -> None:
     else:
         rep.check("trl", "steps/s single ÷ TRL (equal work)", ratio, 3.5, "{:.2f}×")
         rep.row("trl", "repetitions single | TRL", why)
-    rep.check("trl", "peak RSS single (pocket step)", res["single"]["peak_rss_mib"] / 1024, 6.0,
-              "{:.1f} GiB", higher_is_better=False)
     stock, last = median(res["single_stock"]["step_s"]), median(
         [t for t, k in zip(res["single"]["step_s"], res["single"]["round"], strict=True)
          if k == max(res["single"]["round"])])

@@ -82,7 +82,9 @@ def ensure_trl(version: str = TRL_VERSION) -> str | None:
 
 
 def run_single(params: dict[str, Any]) -> dict[str, Any]:
-    """In a child: our ``single`` method, ``warmup + reps`` steps of ``train_step``."""
+    """In a child: our ``single`` method, ``warmup + reps`` steps of ``train_step``, with the
+    peak RSS of each phase (``bench.memory``) beside the process's."""
+    from musketeers.bench.memory import PhasePeaks
     from musketeers.bench.train_bench import run_steps
 
     r = params["regime"]
@@ -92,7 +94,9 @@ def run_single(params: dict[str, Any]) -> dict[str, Any]:
                  "group_size": r["group_size"], "max_new_tokens": r["max_new_tokens"],
                  "lora_r": SHARED["lora_r"], "beta": SHARED["beta"], "lr": SHARED["lr"],
                  "dtype": r["dtype"], "skip_no_signal": False, **params.get("set", {})}
-    return run_steps({**params, "task": r["task"], "overrides": overrides})
+    with PhasePeaks() as peaks:
+        out = run_steps({**params, "task": r["task"], "overrides": overrides})
+    return {**out, "phase_peak_rss_mib": peaks.peaks}
 
 
 def run_trl(params: dict[str, Any]) -> dict[str, Any]:
@@ -175,6 +179,9 @@ def merged(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     out["step_s"] = [t for r in rounds for t in r["step_s"]]
     out["round"] = [k for k, r in enumerate(rounds) for _ in r["step_s"]]
     out["peak_rss_mib"] = max(r["peak_rss_mib"] for r in rounds)
+    phases = [r.get("phase_peak_rss_mib", {}) for r in rounds]
+    out["phase_peak_rss_mib"] = {k: max(p.get(k, 0.0) for p in phases)
+                                 for k in dict.fromkeys(k for p in phases for k in p)}
     return out
 
 

@@ -47,6 +47,7 @@ from musketeers.cache.backbone import pad
 from musketeers.cache.batching import length_batches
 from musketeers.cache.prompts import generation_prompt_len, render_prompt
 from musketeers.config import CONTEXT_POSITIONS
+from musketeers.method.chosen_logprobs import chosen_logprobs, chunked_head, hidden_out
 from musketeers.method.fast import fast_decode
 from musketeers.method.fast.sharing import cache_rows, common_head
 from musketeers.method.policy_model import (
@@ -271,17 +272,28 @@ class Policy:
 
     def _logprobs(self, prompts, context, completion_ids, temperature):
         t = max((len(c) for c in completion_ids), default=0)
-        with teacher_forced_attention(self.model, self.device):
+        # the model returns final hidden states, and the head runs in chunks of positions
+        # (``chosen_logprobs``): never a [N, T, V] tensor; the full logits where it cannot
+        head = chunked_head(self.model)
+        with teacher_forced_attention(self.model, self.device), hidden_out(head):
             if len(prompts) < len(completion_ids) and t > 0:
                 return self._shared_prefix_logprobs(prompts, context, completion_ids,
-                                                    temperature)
+                                                    temperature, head)
             prompts, context = self._expand(prompts, context, len(completion_ids))
-            logits, ids, mask = self._joint_logits(prompts, context, completion_ids)
-        return token_logprobs(logits, ids, temperature) * mask, mask
+            out, ids, mask = self._joint_logits(prompts, context, completion_ids)
+            return self._chosen(out, ids, temperature, head) * mask, mask
+
+    @staticmethod
+    def _chosen(out: Tensor, ids: Tensor, temperature: float, head) -> Tensor:
+        """Log-probs of ``ids`` from the model's output: hidden states under ``hidden_out``
+        (``head`` given), logits otherwise."""
+        if head is None:
+            return token_logprobs(out, ids, temperature)
+        return chosen_logprobs(out, head, ids, temperature)
 
     def _joint_logits(self, prompts, context, completion_ids):
         """Logits predicting each completion token from one forward over [prefix | completion]
-        per row: [N, T, V], with the completion ids and mask."""
+        per row: [N, T, V] ([N, T, d] under ``hidden_out``), with the completion ids and mask."""
         inp = self.build_inputs(prompts, context, completion_ids)
         t = inp.completion_ids.shape[1]
         # logits only at columns P-1 … P+T-2 (the last T+1 minus the final one): the LM head
@@ -295,7 +307,7 @@ class Policy:
         )
         return out.logits[:, :-1], inp.completion_ids, inp.completion_mask
 
-    def _shared_prefix_logprobs(self, prompts, context, completion_ids, temperature):
+    def _shared_prefix_logprobs(self, prompts, context, completion_ids, temperature, head):
         """The log-probs ``_joint_logits`` gives, with each group's prefix [x ‖ C] run once
         and the completions run in chunks of similar length.
 
@@ -311,7 +323,7 @@ class Policy:
             raise ValueError(f"{len(completion_ids)} completions is not a multiple of "
                              f"{len(prompts)} prompts")
         out, prefix_mask = self._shared_prefill(prompts, context, 1)
-        first = out.logits[:, -1]  # [B, V]: each prefix's prediction of a first token
+        first = out.logits[:, -1]  # [B, V] (or [B, d] under hidden_out): a first token's
         lengths = [len(c) for c in completion_ids]
         t = max(lengths)
         fixed = CHUNK_COST if self.share and self.device.type == "cpu" else None
@@ -335,7 +347,8 @@ class Policy:
                              use_cache=True, logits_to_keep=ids.shape[1],
                              **{CACHE_KW: cache_rows(kv_cache(out), src)})
             logits = torch.cat([first[src].unsqueeze(1), nxt.logits[:, :-1]], dim=1)
-            logp = token_logprobs(logits, ids, temperature) * cmask
+            del nxt  # its output, freed before the next chunk's
+            logp = self._chosen(logits, ids, temperature, head) * cmask
             pieces.append(torch.nn.functional.pad(logp, (0, t - ids.shape[1])))
             order.extend(chunk)
         back = torch.tensor(order, device=self.device).argsort()  # rows back in their order

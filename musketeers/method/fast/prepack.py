@@ -6,6 +6,11 @@ reaches with the weight reordered once (docs/benchmarks-history.md, "the decode'
 matmuls"). Only frozen weights are packed: LoRA's A and B change at every update and their
 rank-r products are small. The packed op has no backward, so a layer computes as before
 whenever autograd records, and the swap is undone when the decode ends.
+
+The packed copies are dropped then too: they are a second copy of every frozen weight (1.84
+GiB for Qwen2.5-Coder-0.5B in float32) that the log-prob passes and the backward never read,
+and reordering them again costs about 3 CPU-seconds a decode, against the ~14 s a pocket
+step's decode gains from them (BENCHMARKS.md, "Memory of the pocket step").
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ def frozen_linears(model: nn.Module) -> list[nn.Linear]:
 
 def _packed_weight(layer: nn.Linear, rows: int) -> Tensor:
     """The layer's weight in oneDNN's blocked layout, kept on the layer while the weight is
-    the same tensor at the same version (a frozen weight is reordered once per run)."""
+    the same tensor at the same version (once per decode; ``prepacked_linears`` drops it)."""
     w = layer.weight
     key = (w.data_ptr(), w._version, w.dtype)
     held = getattr(layer, "_prepacked", None)
@@ -73,3 +78,4 @@ def prepacked_linears(model: nn.Module, rows: int) -> Iterator[int]:
     finally:
         for layer in layers:
             del layer.forward  # the class's forward again
+            layer.__dict__.pop("_prepacked", None)  # one copy of the weights outside decodes
