@@ -39,7 +39,9 @@ from musketeers.cache.devices import dtype_name
 from musketeers.cache.errors import UserError
 from musketeers.cache.progress import progress
 from musketeers.config import TrainConfig
+from musketeers.method import methods
 from musketeers.method.grpo import grpo_loss, loss_denominator, zero_variance_groups
+from musketeers.method.methods import Method
 from musketeers.method.rollout import (  # noqa: F401  (NonFiniteError: part of this API)
     FaultHook,
     NonFiniteError,
@@ -83,7 +85,7 @@ def _first_bad_grad(policy, adapter) -> str:
 def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, optimizer,
                scheduler, fault: FaultHook | None = None,
                vector_source: VectorSource | None = None,
-               world: World | None = None) -> dict[str, Any]:
+               world: World | None = None, method: Method | None = None) -> dict[str, Any]:
     """One GRPO update (μ inner iterations over ``grad_accum`` micro-batches); its metrics.
 
     An update in which no group carries a non-zero advantage is skipped (``skip_no_signal``,
@@ -93,8 +95,10 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
 
     ``world``: this rank samples its contiguous share of the update's prompts, in
     micro-batches of ``prompts_per_micro``; the ranks' gradients are summed before the step.
+    ``method``: the run's, resolved once by its entry (looked up here when not given).
     """
     world = world or World()
+    method = methods.resolve(cfg, method)
     t0 = time.perf_counter()
     b = cfg.prompts_per_micro
     rows = epoch_rows(len(data), cfg.seed, step, b * cfg.grad_accum)
@@ -106,7 +110,7 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
         rollouts = sample(cfg, step, policy, adapter, data,
                           [(rows[i:min(i + b, mine.stop)], list(range(i, min(i + b, mine.stop))))
                            for i in range(mine.start, mine.stop, b)], fault, vector_source)
-    any_kept, signal = assign_advantages(cfg, step, rollouts, world)
+    any_kept, signal = assign_advantages(cfg, step, rollouts, world, method)
     # before the update, so it compares with this step's reward_mean (same weights, prompts)
     without_c = None
     if adapter is not None and cfg.no_context_every and step % cfg.no_context_every == 0:
@@ -340,11 +344,13 @@ def _train(cfg: TrainConfig, resume: bool, policy_factory: PolicyFactory | None,
            ) -> dict[str, Any]:
     run = cfg.run_path()
     lead = world.rank == 0
-    fingerprints = world.on_rank0(lambda: runfolder.prepare(cfg, run, resume))
+    method = methods.get(cfg.method)  # resolved once: every part of the run reads this one
+    fingerprints = world.on_rank0(lambda: runfolder.prepare(cfg, run, resume, method))
     if world.world > 1 and policy_factory is None:
         world.on_rank0(lambda: fetch_policy(cfg))  # converted once, before every rank loads it
-    data, policy, adapter = build_components(cfg, "train", policy_factory=policy_factory)
-    optimizer, scheduler = make_optimizer(cfg, policy, adapter)
+    data, policy, adapter = build_components(cfg, "train", policy_factory=policy_factory,
+                                             method=method)
+    optimizer, scheduler = make_optimizer(cfg, policy, adapter, method)
     # samples come from per-prompt streams (musketeers.method.rollout); the checkpoint format still
     # carries this run-level generator, so checkpoints old and new load alike
     generator = torch.Generator().manual_seed(cfg.seed)
@@ -352,7 +358,7 @@ def _train(cfg: TrainConfig, resume: bool, policy_factory: PolicyFactory | None,
                      unverified)
     if lead:
         runfolder.begin(cfg, run, fingerprints)
-    if start == 0 and warms_up(cfg, adapter):  # a resumed run's φ is its checkpoint's
+    if start == 0 and warms_up(cfg, adapter, method):  # a resumed run's φ is its checkpoint's
         warm = warm_up_adapter(cfg, policy, adapter, data)  # every rank: the same φ
         if lead:
             with runfolder.disk_errors(run):
@@ -372,7 +378,8 @@ def _train(cfg: TrainConfig, resume: bool, policy_factory: PolicyFactory | None,
     with bar_cm as bar, _metrics_file(run, lead) as out:
         for step in range(start, end):
             row = train_step(cfg, step, policy, adapter, data, optimizer, scheduler,
-                             fault=fault, vector_source=vector_source, world=world)
+                             fault=fault, vector_source=vector_source, world=world,
+                             method=method)
             if lead:
                 with runfolder.disk_errors(run):
                     out.write(json.dumps(row) + "\n")
