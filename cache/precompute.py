@@ -8,7 +8,8 @@ batches depend only on the chunk's own rows, a resumed or sharded run computes e
 same bytes as an uninterrupted one.
 
 What one chunk computes (poolings, prompt-token and answer states, hints) is ``compute``'s;
-the token units those states fill are ``channels``'.
+the token units those states fill are ``channels``'; how a unit is prepared, filled chunk by
+chunk and sealed is ``units``'.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from musketeers.cache import layout
 from musketeers.cache import store as st
 from musketeers.cache.backbone import Backbone, want_compile
 from musketeers.cache.channels import TokenUnits, resolve_layers, unit_fingerprint
-from musketeers.cache.compute import STATES, Scorer
+from musketeers.cache.compute import Scorer
 from musketeers.cache.compute import compute_hints as compute_hints  # re-exported
 from musketeers.cache.compute import compute_rows as compute_rows  # re-exported
 from musketeers.cache.compute import context_length as context_length  # re-exported
@@ -48,10 +49,11 @@ from musketeers.cache.experts import (
     tokenizer_fingerprint,
 )
 from musketeers.cache.items import Item, items_fingerprint
-from musketeers.cache.progress import progress
 from musketeers.cache.tokens import ANSWER, TOKENS
+from musketeers.cache.units import finish, prepare_group, prepare_hints
+from musketeers.cache.units import run_chunks as run_chunks  # re-exported
 from musketeers.cache.verify import corrupt_chunks
-from musketeers.cache.zarrio import Damaged, child, chunk_range, dense_writes, require_container
+from musketeers.cache.zarrio import Damaged, dense_writes, require_container
 
 log = logging.getLogger("musketeers.precompute")
 Rebuild = Callable[..., str]  # (experts=None) -> the ``--force`` command that rebuilds
@@ -74,109 +76,6 @@ class PrecomputeConfig:
     # ``tokens``), and with ``hints`` every answer token too (``answer``)
     token_layers: tuple[int, ...] = ()
     scorer: Scorer | None = None  # the task's reward of a hint: stored as ``hint_scores``
-
-
-def run_chunks(g: zarr.Group, n: int, chunk_rows: int, dist: Dist, desc: str,
-               compute: Callable[[int, int], tuple[dict, int]], flag: str = layout.DONE,
-               side: TokenUnits | None = None) -> None:
-    """Compute this rank's unfinished chunks: arrays first, then the chunk's ``flag``; the
-    token ``side`` units take the states of the same pass, for the chunks they lack."""
-    flags = layout.done_flags(g, flag)
-    mine = dist.my_chunks(len(flags))
-    lacking = side.todo() if side is not None else set()
-    todo = [c for c in mine if not flags[c] or c in lacking]
-    total = sum(np.subtract(*chunk_range(c, n, chunk_rows)[::-1]) for c in todo)
-    with progress(desc, total=int(total)) as bar:
-        for c in todo:
-            lo, hi = chunk_range(c, n, chunk_rows)
-            arrays, tokens = compute(lo, hi)
-            states = arrays.pop(STATES, {})
-            if side is not None:
-                side.write(c, states)
-            if flags[c]:  # done before: its sealed bytes are kept
-                bar.advance(hi - lo, tokens=tokens)
-                continue
-            for name, values in arrays.items():
-                refuse_non_finite(g, name, values, lo, hi)
-                g[name][lo:hi] = values
-            layout.set_done(g, c, flag)
-            bar.advance(hi - lo, tokens=tokens)
-
-
-def refuse_non_finite(g: zarr.Group, name: str, values: np.ndarray, lo: int, hi: int) -> None:
-    """A NaN or inf vector (a half dtype overflowing) is never stored: the reader would refuse
-    it, and a run on it trains to NaN metrics."""
-    values = np.asarray(values)
-    if values.dtype.kind == "f" and not np.isfinite(values).all():
-        raise UserError(f"{g.path}: the expert computed non-finite values (NaN or inf) in "
-                        f"{name}, rows {lo}:{hi}; precompute it in float32 (--dtype float32)")
-
-
-def prepare_group(split: zarr.Group, path: str, fingerprint: dict, cfg: PrecomputeConfig,
-                  rebuild: str, make: Callable[[zarr.Group], None]) -> bool:
-    """Whether the group needs work. Creates it, refuses a fingerprint mismatch, or marks the
-    chunks that ``verify`` finds corrupt or absent as not done so they are recomputed."""
-    kind, name = path.rsplit("/", 1)  # a layout.expert_path or layout.router_path
-    parent = require_container(split, kind)
-    try:
-        g = child(parent, name)
-        # No fingerprint (killed while creating it), a lost or unreadable array: the group's
-        # rows cannot be trusted, and recomputing it costs what resuming every chunk would.
-        damage = None if g is None or cfg.force else unit_damage(g)
-    except Damaged:
-        g, damage = True, "unreadable metadata"
-    if g is not None and (cfg.force or damage):
-        if damage:
-            log.warning("%s/%s: %s; recomputing it", split.path, path, damage)
-        del parent[name]
-        g = None
-    if g is not None:
-        if layout.fingerprint(g) != fingerprint:
-            raise UserError(f"{split.path}/{path} was built from other inputs; rebuild: {rebuild}")
-        return _reopen_bad(g, layout.DONE)
-    layout.create_unit(parent, name, fingerprint, make)
-    return True
-
-
-def prepare_hints(g: zarr.Group, items: list[Item], scorer: Scorer | None = None) -> bool:
-    """Whether the expert's hints need work. Hints are their own resumable unit (``hints``,
-    ``hints_done`` flags, ``hints_complete``: ``layout.add_hints``), so adding them to a
-    complete expert runs only generation. Hints stored unscored are scored from their text."""
-    unscored = scorer is not None and layout.HINT_SCORES not in g and layout.HINTS in g
-    layout.add_hints(g, scorer is not None)
-    if unscored and layout.HINTS_FLAG in g:
-        with dense_writes():
-            for c in np.flatnonzero(layout.done_flags(g, layout.HINTS_FLAG)).tolist():
-                lo, hi = chunk_range(c, len(items), g[layout.HINTS].chunks[0])
-                texts = g[layout.HINTS][lo:hi]
-                g[layout.HINT_SCORES][lo:hi] = [scorer(it, str(t))
-                                                for it, t in zip(items[lo:hi], texts, strict=True)]
-        if layout.is_complete(g, layout.HINTS_FLAG):  # else sealed when the rest is generated
-            layout.seal(g, layout.HINTS_FLAG)
-    return _reopen_bad(g, layout.HINTS_FLAG)
-
-
-def _reopen_bad(g: zarr.Group, flag: str) -> bool:
-    """Clear the flags of corrupt chunks of the unit ``flag`` guards; whether work remains."""
-    bad = corrupt_chunks(g, flag=flag)
-    if layout.is_complete(g, flag) and not bad and layout.done_flags(g, flag).all():
-        return False
-    for c in sorted(bad):
-        layout.set_done(g, c, flag, done=False)
-    if bad:
-        log.warning("%s: recomputing %s chunks %s", g.path, flag, sorted(bad))
-    layout.mark_complete(g, flag, False)
-    return True
-
-
-def finish(g: zarr.Group, dist: Dist, flag: str = layout.DONE) -> None:
-    """After every rank's chunks: rank 0 records the unit's digests and marks it complete if
-    every flag is set."""
-    dist.barrier()
-    if dist.rank == 0 and layout.done_flags(g, flag).all():
-        layout.seal(g, flag)
-        layout.mark_complete(g, flag)
-    dist.barrier()
 
 
 def write_split_items(root: zarr.Group, split: str, items: list[Item], task: str,
@@ -297,7 +196,7 @@ def _finish_side(side: TokenUnits | None, dist: Dist) -> None:
 
 def _prepare(sg, path, fp, cfg, rebuild, make, dist: Dist):
     """Rank 0 creates or repairs the group; every rank then sees the same state."""
-    work = dist.on_rank0(lambda: prepare_group(sg, path, fp, cfg, rebuild, make))
+    work = dist.on_rank0(lambda: prepare_group(sg, path, fp, cfg.force, rebuild, make))
     return zarr.open_group(sg.store, path=f"{sg.path}/{path}", mode="r+"), work
 
 

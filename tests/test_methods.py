@@ -111,3 +111,25 @@ def test_a_new_method_trains_evaluates_and_reports(tmp_path: Path):
     assert "Planted (ours)" in table1 and "planted (ours)" not in table1  # titled by its task
     assert cells[-2] not in ("—", "FAILED") and cells[-2][0].isdigit(), line
     assert "mean_pool" in report.read_text()
+
+
+def test_a_run_resolves_its_method_once(tmp_path: Path, monkeypatch):
+    """Training and evaluating a run each look its method up in the registry once; every part
+    of the run (data, store check, adapter, optimizer, warm-up, advantages) reads that one."""
+    stores = tmp_path / "stores"
+    write_planted_store(stores, n_train=8, n_val=4)
+    cfg = planted_config("shuffled_reward", 0, 2, stores, tmp_path / "run", prompts_per_micro=2,
+                         group_size=2, eval_limit=4)
+    looked_up: list[str] = []
+    real = methods.get
+
+    def counting(name: str) -> methods.Method:
+        looked_up.append(name)
+        return real(name)
+
+    monkeypatch.setattr(methods, "get", counting)
+    train(cfg, plot=False)
+    assert looked_up == ["shuffled_reward"]
+    looked_up.clear()
+    evaluate(cfg.run_path(), limit=4)
+    assert looked_up == ["shuffled_reward"]

@@ -247,14 +247,20 @@ def check_rows(rows: list[dict[str, Any]]) -> list[str]:
     return bad
 
 
+def by_seed(rows: list[dict[str, Any]]
+            ) -> tuple[dict[int, dict[str, Any]], dict[int, dict[str, Any]]]:
+    """({seed: Ours' row}, {seed: its control's row}): the runs a paired comparison reads."""
+    return ({r["seed"]: r for r in rows if r["method"] == "perceiver"},
+            {r["seed"]: r for r in rows if r["method"] == CONTROL})
+
+
 def _check_variant(rows: list[dict[str, Any]], m: Margins, tag: str) -> list[str]:
     bad = []
     for r in rows:
         if r["method"] == "single" and r["reward_last"] > m.max_reward_single:
             bad.append(f"single seed {r['seed']}{tag}: reward {r['reward_last']:.3f} above "
                        "chance without C")
-    ours = {r["seed"]: r for r in rows if r["method"] == "perceiver"}
-    controls = {r["seed"]: r for r in rows if r["method"] == CONTROL}
+    ours, controls = by_seed(rows)
     for seed, r in sorted(ours.items()):
         c = controls.get(seed)
         if c is None:
@@ -313,8 +319,7 @@ class Verdict:
 def paired_verdicts(rows: list[dict[str, Any]], m: Margins) -> list[Verdict]:
     """Ours − ``shuffled_reward`` on the seeds both ran (at least ``MIN_SEEDS``): reward
     gain, oracle utilisation gain, and −ρ(reward, H). Empty with fewer seeds."""
-    ours = {r["seed"]: r for r in rows if r["method"] == "perceiver"}
-    controls = {r["seed"]: r for r in rows if r["method"] == CONTROL}
+    ours, controls = by_seed(rows)
     seeds = sorted(ours.keys() & controls.keys())
     if len(seeds) < MIN_SEEDS:
         return []

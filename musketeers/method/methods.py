@@ -109,6 +109,12 @@ def get(name: str) -> Method:
         raise UserError(f"unknown method '{name}'; valid: {', '.join(REGISTRY)}") from None
 
 
+def resolve(cfg: Any, method: Method | None = None) -> Method:
+    """A run's method: ``method`` where the run's entry resolved it once and passed it down,
+    else ``cfg.method`` looked up (a caller outside a run: a benchmark, a test)."""
+    return method if method is not None else get(cfg.method)
+
+
 def ignored(method: Any) -> tuple[str, ...]:
     """Config fields that change nothing ``method`` computes (the registry's ``ignores``):
     dropped from its run name, its table group and its staleness check. Empty for a name the
@@ -138,13 +144,13 @@ def names() -> tuple[str, ...]:
     return tuple(REGISTRY)
 
 
-def build_adapter(method: str, expert_dims: list[int], d_policy: int, *, latents: int = 8,
+def build_adapter(method: str | Method, expert_dims: list[int], d_policy: int, *, latents: int = 8,
                   d_model: int = 512, heads: int = 8, router_dim: int = 384,
                   out_init_std: float = 1e-8, target_rms: float | None = None,
                   standardize: bool = False) -> nn.Module | None:
     """The adapter g_φ of ``method``; None for the methods without context tokens.
     ``target_rms``: each context token's rms (``context_scale: embedding``), else Eq. 11's."""
-    factory = get(method).adapter
+    factory = (method if isinstance(method, Method) else get(method)).adapter
     if factory is None:
         return None
     return factory(expert_dims, d_policy, dict(latents=latents, d_model=d_model, heads=heads,

@@ -32,6 +32,8 @@ from musketeers.cache.devices import dtype_name
 from musketeers.cache.errors import UserError
 from musketeers.cache.progress import progress
 from musketeers.config import read_run_config
+from musketeers.method import methods
+from musketeers.method.methods import Method
 from musketeers.method.rollout import adapter_context, policy_score
 from musketeers.run import checkpoint as ckpt
 from musketeers.run import runfolder
@@ -52,28 +54,30 @@ def evaluate(run_dir: Path, *, limit: int | None = None, no_context: bool = Fals
         raise UserError(f"--limit must be >= 1, got {limit}")
     cfg = read_run_config(run_dir)
     again = f"musketeers eval {shlex.quote(str(run_dir))}" + (" --no-context" * no_context)
+    method = methods.get(cfg.method)  # resolved once: every part of the evaluation reads it
     world = World.from_env(cfg.device)
     with world.failures(again):
-        world.on_rank0(lambda: _check_before(cfg, run_dir, again, unverified))
-        return _evaluate(cfg, run_dir, world, again, limit=limit, no_context=no_context,
-                         batch_size=batch_size, policy_factory=policy_factory,
-                         unverified=unverified)
+        world.on_rank0(lambda: _check_before(cfg, method, run_dir, again, unverified))
+        return _evaluate(cfg, method, run_dir, world, again, limit=limit,
+                         no_context=no_context, batch_size=batch_size,
+                         policy_factory=policy_factory, unverified=unverified)
 
 
-def _check_before(cfg, run_dir: Path, again: str, unverified: bool) -> None:
+def _check_before(cfg, method: Method, run_dir: Path, again: str, unverified: bool) -> None:
     """What is refused before any model loads."""
     _intact_last(run_dir, unverified)
     runfolder.check_config(cfg, run_dir)  # a config.yaml edited since training is not its run
-    runfolder.check_store(cfg, run_dir)  # as --resume does: never score on a replaced store
+    # as --resume does: never score on a replaced store
+    runfolder.check_store(cfg, run_dir, method=method)
     # a folder it cannot write is refused now, not after the whole evaluation has run
     runfolder.check_writable(run_dir, again)
 
 
-def _evaluate(cfg, run_dir: Path, world: World, again: str, *, limit: int | None,
+def _evaluate(cfg, method: Method, run_dir: Path, world: World, again: str, *, limit: int | None,
               no_context: bool, batch_size: int, policy_factory: PolicyFactory | None,
               unverified: bool) -> dict[str, Any]:
     data, policy, adapter = build_components(cfg, "val", limit=limit or cfg.eval_limit,
-                                             policy_factory=policy_factory)
+                                             policy_factory=policy_factory, method=method)
     last = load_newest(run_dir, policy.model, adapter, unverified=unverified)
     if adapter is not None:
         adapter.eval()  # hard routing: argmax instead of Gumbel sampling

@@ -39,6 +39,7 @@ from musketeers.cache.errors import UserError
 from musketeers.cache.store import Lock, lock_path, store_path
 from musketeers.config import TrainConfig, read_run_config, save_config
 from musketeers.method import methods
+from musketeers.method.methods import Method
 from musketeers.run import checkpoint as ckpt
 from musketeers.run.build import expert_names_for
 from musketeers.run.runlog import truncate_metrics
@@ -155,12 +156,13 @@ def is_finished(run_dir: Path) -> bool:
     return steps is not None and int(summary.get("steps") or 0) >= int(steps)
 
 
-def store_fingerprints(cfg: TrainConfig, experts: list[str]) -> dict[str, Any]:
+def store_fingerprints(cfg: TrainConfig, experts: list[str], method: Method | None = None
+                       ) -> dict[str, Any]:
     """The fingerprints of what the run reads, from the store attrs (None where absent)."""
     path = store_path(cfg.cache_dir, cfg.task)
     found: dict[str, Any] = {"cache_dir": str(cfg.cache_dir), "items": None,
                              "experts": dict.fromkeys(experts)}
-    if "router" in methods.get(cfg.method).reads:  # the registry says, not a method's name
+    if "router" in methods.resolve(cfg, method).reads:  # the registry says, not a method's name
         found["router"] = None
     channel = methods.token_channel(cfg.method, cfg.channel)
     if channel is not None:  # the token states it reads, not only their expert's vectors
@@ -195,7 +197,8 @@ def _differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
     return diffs
 
 
-def prepare(cfg: TrainConfig, run: Path, resume: bool) -> dict[str, Any]:
+def prepare(cfg: TrainConfig, run: Path, resume: bool, method: Method | None = None
+            ) -> dict[str, Any]:
     """The start / resume decision and the store check, before any model loads; returns the
     store fingerprints ``begin`` records."""
     if not resume and has_run(run):
@@ -203,7 +206,8 @@ def prepare(cfg: TrainConfig, run: Path, resume: bool) -> dict[str, Any]:
                         "step 0 if it has no checkpoint yet) or another --run-dir")
     if resume and not has_run(run):
         raise UserError(f"nothing to resume in {run} (no run there); start it without --resume")
-    now = store_fingerprints(cfg, expert_names_for(cfg))
+    method = methods.resolve(cfg, method)
+    now = store_fingerprints(cfg, expert_names_for(cfg, method), method)
     if not resume:
         return now
     if (run / "config.yaml").is_file():
@@ -211,7 +215,7 @@ def prepare(cfg: TrainConfig, run: Path, resume: bool) -> dict[str, Any]:
         if saved.steps != cfg.steps:  # the LR schedule and the summary are sized by it
             raise UserError(f"--resume keeps the run's {saved.steps} steps (asked {cfg.steps}); "
                             "keep its steps, or start a new --run-dir for another length")
-        check_channel(saved, cfg, run)
+        check_channel(saved, cfg, run, method)
     if not check_config(cfg, run):  # a run from before config digests were recorded
         log.warning("%s has no %s; recording the config it resumes with", run, CONFIG_DIGEST)
     if not check_store(cfg, run, now):  # a run from before fingerprints were recorded
@@ -219,10 +223,11 @@ def prepare(cfg: TrainConfig, run: Path, resume: bool) -> dict[str, Any]:
     return now
 
 
-def check_channel(saved: TrainConfig, cfg: TrainConfig, run: Path) -> None:
+def check_channel(saved: TrainConfig, cfg: TrainConfig, run: Path,
+                  method: Method | None = None) -> None:
     """Refuse to resume ``run`` on another channel or token layer than it recorded (a run
     from before channels read the pooled vectors): the adapter's weights fit what it read."""
-    if "channel" in methods.ignored(cfg.method):
+    if "channel" in methods.resolve(cfg, method).ignores:
         return
     was = (saved.channel, saved.token_layer if saved.channel != "pooled" else None)
     now = (cfg.channel, cfg.token_layer if cfg.channel != "pooled" else None)
@@ -233,7 +238,8 @@ def check_channel(saved: TrainConfig, cfg: TrainConfig, run: Path) -> None:
                         f"--channel {cfg.channel}")
 
 
-def check_store(cfg: TrainConfig, run: Path, now: dict[str, Any] | None = None) -> bool:
+def check_store(cfg: TrainConfig, run: Path, now: dict[str, Any] | None = None,
+                method: Method | None = None) -> bool:
     """Refuse a store that is not the one ``run`` trained on (resume and eval alike); False
     when the run recorded no fingerprints to compare with."""
     saved_path = run / FINGERPRINTS
@@ -246,7 +252,9 @@ def check_store(cfg: TrainConfig, run: Path, now: dict[str, Any] | None = None) 
     except (ValueError, UnicodeDecodeError) as exc:
         raise UserError(f"{saved_path} is unreadable ({exc}); restore it from the published "
                         f"copy of the run, or start a new --run-dir") from None
-    now = now if now is not None else store_fingerprints(cfg, expert_names_for(cfg))
+    if now is None:
+        method = methods.resolve(cfg, method)
+        now = store_fingerprints(cfg, expert_names_for(cfg, method), method)
     diffs = _differences(saved, now)
     if diffs:
         where = store_path(cfg.cache_dir, cfg.task)

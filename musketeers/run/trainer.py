@@ -39,7 +39,9 @@ from musketeers.cache.devices import dtype_name
 from musketeers.cache.errors import UserError
 from musketeers.cache.progress import progress
 from musketeers.config import TrainConfig
-from musketeers.method.grpo import grpo_loss, loss_denominator, zero_variance_groups
+from musketeers.method import methods
+from musketeers.method.grpo import grpo_loss, loss_denominator
+from musketeers.method.methods import Method
 from musketeers.method.rollout import (  # noqa: F401  (NonFiniteError: part of this API)
     FaultHook,
     NonFiniteError,
@@ -52,19 +54,13 @@ from musketeers.method.rollout import (  # noqa: F401  (NonFiniteError: part of 
     reference_passes,
     sample,
 )
-from musketeers.method.routing import batch_routing_stats
 from musketeers.method.warmup import warm_up_adapter, warms_up
 from musketeers.run import checkpoint as ckpt
 from musketeers.run import runfolder
 from musketeers.run.build import PolicyFactory, build_components, fetch_policy, make_optimizer
 from musketeers.run.data import SplitData, epoch_rows
-from musketeers.run.runlog import (
-    log_tb,
-    mean_or_none,
-    read_metrics,
-    summarize,
-    tensorboard,
-)
+from musketeers.run.runlog import log_tb, read_metrics, summarize, tensorboard
+from musketeers.run.step_metrics import context_scale, merge_parts, metrics_row, step_parts
 from musketeers.runtime.distributed import World
 from musketeers.runtime.step_profile import PhaseClock, step_work
 
@@ -83,7 +79,7 @@ def _first_bad_grad(policy, adapter) -> str:
 def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, optimizer,
                scheduler, fault: FaultHook | None = None,
                vector_source: VectorSource | None = None,
-               world: World | None = None) -> dict[str, Any]:
+               world: World | None = None, method: Method | None = None) -> dict[str, Any]:
     """One GRPO update (μ inner iterations over ``grad_accum`` micro-batches); its metrics.
 
     An update in which no group carries a non-zero advantage is skipped (``skip_no_signal``,
@@ -93,8 +89,10 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
 
     ``world``: this rank samples its contiguous share of the update's prompts, in
     micro-batches of ``prompts_per_micro``; the ranks' gradients are summed before the step.
+    ``method``: the run's, resolved once by its entry (looked up here when not given).
     """
     world = world or World()
+    method = methods.resolve(cfg, method)
     t0 = time.perf_counter()
     b = cfg.prompts_per_micro
     rows = epoch_rows(len(data), cfg.seed, step, b * cfg.grad_accum)
@@ -106,7 +104,7 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
         rollouts = sample(cfg, step, policy, adapter, data,
                           [(rows[i:min(i + b, mine.stop)], list(range(i, min(i + b, mine.stop))))
                            for i in range(mine.start, mine.stop, b)], fault, vector_source)
-    any_kept, signal = assign_advantages(cfg, step, rollouts, world)
+    any_kept, signal = assign_advantages(cfg, step, rollouts, world, method)
     # before the update, so it compares with this step's reward_mean (same weights, prompts)
     without_c = None
     if adapter is not None and cfg.no_context_every and step % cfg.no_context_every == 0:
@@ -163,9 +161,9 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
     with warnings.catch_warnings():  # a skipped update still advances the lr schedule
         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
         scheduler.step()
-    parts = _merge(world.all_gather(_step_parts(rollouts, active, kls)))
-    row = _metrics(cfg, step, parts, data.expert_names, losses, norms, optimizer,
-                   time.perf_counter() - t0)
+    parts = merge_parts(world.all_gather(step_parts(rollouts, active, kls)))
+    row = metrics_row(cfg, step, parts, data.expert_names, losses, norms, optimizer,
+                      time.perf_counter() - t0)
     row["update_skipped"] = skipped
     iters = len(norms)
     row["phase_s"] = clock.seconds
@@ -177,71 +175,6 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
         row.update(context_scale(parts["context_sq"], parts["context_n"], policy.embedding_rms))
     if without_c is not None:
         row["reward_no_context"] = without_c
-    return row
-
-
-def _step_parts(rollouts, active, kls: list[float]) -> dict[str, Any]:
-    """What this rank's share adds to the step's metrics; ``_merge`` joins the ranks'.
-
-    ``zero_adv``: per group entering the loss, whether its advantages are all zero (it adds
-    tokens to the normaliser and no gradient)."""
-    contexts = [r.context.float() for r in rollouts if r.context is not None]
-    return {
-        "rewards": [r.rewards for r in rollouts],
-        "lengths": [len(c) for r in rollouts for c in r.completions],
-        "ended": [e for r in rollouts for e in r.ended],
-        "answered": [a for r in rollouts for a in r.answered],
-        "attention": [r.attention.cpu() for r in rollouts if r.attention is not None],
-        "zero_adv": [bool((r.adv[b] == 0).all()) for r in active
-                     for b in range(len(r.items)) if r.keep[b]],
-        "kls": kls,
-        "context_sq": sum(float(c.pow(2).sum()) for c in contexts),
-        "context_n": sum(c.numel() for c in contexts),
-    }
-
-
-def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """The ranks' ``_step_parts`` as one update's, in rank order."""
-    return {k: (sum(p[k] for p in parts) if k.startswith("context_")
-                else [x for p in parts for x in p[k]]) for k in parts[0]}
-
-
-def context_scale(sum_sq: float, n: int, embedding_rms: float) -> dict[str, float]:
-    """C's root mean square (from the sum of its squared entries over ``n`` entries), alone
-    and against the policy's token embeddings': how loud the experts speak next to the
-    prompt's own tokens (C starts near zero, Eq. 11)."""
-    rms = (sum_sq / n) ** 0.5
-    return {"context_rms": rms, "context_rms_ratio": rms / embedding_rms}
-
-
-def _metrics(cfg, step, parts, names, losses, norms, optimizer, wall) -> dict[str, Any]:
-    """The metrics.jsonl row. ``reward_mean`` is the mean task score of the sampled
-    completions (the reward GRPO maximises), ``exact`` the share scoring 1; ``zero_var_frac``
-    (TRL's frac_reward_zero_std), ``truncated_frac`` and ``answered_frac`` say why a reward
-    is what it is. ``solved_frac`` is the share of groups whose G samples all scored 1: the
-    zero-variance groups that were too easy, so the rest of ``zero_var_frac`` is (nearly all)
-    groups too hard for any sample, and the two call for opposite changes of difficulty."""
-    groups = torch.cat(parts["rewards"])  # [B, G] over the whole update
-    rewards = groups.flatten()
-    zero_var = zero_variance_groups(groups).float()
-    row: dict[str, Any] = {
-        "step": step + 1,
-        "reward_mean": float(rewards.mean()),
-        "reward_std": float(rewards.std(correction=0)),
-        "exact": float((rewards >= 1.0).float().mean()),
-        "kl": mean_or_none(parts["kls"]),
-        "loss": mean_or_none(losses),
-        "grad_norm": mean_or_none(norms),
-        "completion_len": float(np.mean(parts["lengths"])),
-        "zero_var_frac": float(zero_var.mean()),
-        "solved_frac": float((groups >= 1.0).all(-1).float().mean()),
-        "truncated_frac": float(np.mean([not e for e in parts["ended"]])),
-        "answered_frac": float(np.mean(parts["answered"])),
-        "lr": optimizer.param_groups[0]["lr"],
-        "time_s": wall,
-    }
-    if parts["attention"]:
-        row.update(batch_routing_stats(torch.cat(parts["attention"]), names))
     return row
 
 
@@ -340,11 +273,13 @@ def _train(cfg: TrainConfig, resume: bool, policy_factory: PolicyFactory | None,
            ) -> dict[str, Any]:
     run = cfg.run_path()
     lead = world.rank == 0
-    fingerprints = world.on_rank0(lambda: runfolder.prepare(cfg, run, resume))
+    method = methods.get(cfg.method)  # resolved once: every part of the run reads this one
+    fingerprints = world.on_rank0(lambda: runfolder.prepare(cfg, run, resume, method))
     if world.world > 1 and policy_factory is None:
         world.on_rank0(lambda: fetch_policy(cfg))  # converted once, before every rank loads it
-    data, policy, adapter = build_components(cfg, "train", policy_factory=policy_factory)
-    optimizer, scheduler = make_optimizer(cfg, policy, adapter)
+    data, policy, adapter = build_components(cfg, "train", policy_factory=policy_factory,
+                                             method=method)
+    optimizer, scheduler = make_optimizer(cfg, policy, adapter, method)
     # samples come from per-prompt streams (musketeers.method.rollout); the checkpoint format still
     # carries this run-level generator, so checkpoints old and new load alike
     generator = torch.Generator().manual_seed(cfg.seed)
@@ -352,7 +287,7 @@ def _train(cfg: TrainConfig, resume: bool, policy_factory: PolicyFactory | None,
                      unverified)
     if lead:
         runfolder.begin(cfg, run, fingerprints)
-    if start == 0 and warms_up(cfg, adapter):  # a resumed run's φ is its checkpoint's
+    if start == 0 and warms_up(cfg, adapter, method):  # a resumed run's φ is its checkpoint's
         warm = warm_up_adapter(cfg, policy, adapter, data)  # every rank: the same φ
         if lead:
             with runfolder.disk_errors(run):
@@ -372,7 +307,8 @@ def _train(cfg: TrainConfig, resume: bool, policy_factory: PolicyFactory | None,
     with bar_cm as bar, _metrics_file(run, lead) as out:
         for step in range(start, end):
             row = train_step(cfg, step, policy, adapter, data, optimizer, scheduler,
-                             fault=fault, vector_source=vector_source, world=world)
+                             fault=fault, vector_source=vector_source, world=world,
+                             method=method)
             if lead:
                 with runfolder.disk_errors(run):
                     out.write(json.dumps(row) + "\n")

@@ -17,11 +17,12 @@ from musketeers.cache.errors import UserError
 from musketeers.cache.items import Item
 from musketeers.cache.layout import SPLITS
 
+from .extraction import EXTRACTIONS, MAX_ANSWER_CHARS, extract_answer
 from .gsm8k import build_gsm8k_items, gsm8k_task_spec
 from .planted import SIZES as PLANTED_SIZES
 from .planted import build_planted_items, planted_task_spec
 from .reasoning_gym_tasks import SPLIT_SIZES, build_rg_items, rg_task_spec
-from .scoring import EXTRACTIONS, MAX_ANSWER_CHARS, extract_answer, score
+from .scoring import score
 from .task_files import packaged, packaged_files
 from .variants import BASE_TASKS, PROMPT_STYLES, parse_task, system_prompt
 
