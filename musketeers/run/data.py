@@ -148,7 +148,7 @@ def load_split(cfg: TrainConfig, split: str, expert_names: list[str],
     """
     method = methods.resolve(cfg, method)
     names = list(expert_names) if method.uses_experts else []
-    channel = methods.token_channel(cfg.method, cfg.channel) or POOLED
+    channel = methods.token_channel(method, cfg.channel) or POOLED
     # the experts' arrays first: a missing store's error then names the team's experts
     hints = arrays = None
     tokens: list[TokenRows] = []

@@ -162,9 +162,10 @@ def store_fingerprints(cfg: TrainConfig, experts: list[str], method: Method | No
     path = store_path(cfg.cache_dir, cfg.task)
     found: dict[str, Any] = {"cache_dir": str(cfg.cache_dir), "items": None,
                              "experts": dict.fromkeys(experts)}
-    if "router" in methods.resolve(cfg, method).reads:  # the registry says, not a method's name
+    method = methods.resolve(cfg, method)
+    if "router" in method.reads:  # the registry says, not a method's name
         found["router"] = None
-    channel = methods.token_channel(cfg.method, cfg.channel)
+    channel = methods.token_channel(method, cfg.channel)
     if channel is not None:  # the token states it reads, not only their expert's vectors
         found["tokens"] = dict.fromkeys(experts)
     try:
