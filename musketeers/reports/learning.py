@@ -9,6 +9,8 @@ only: a supervised warm-up is logged apart and is not RL's doing.
 
 from __future__ import annotations
 
+import math
+
 from musketeers.reports.aggregate import Run
 from musketeers.reports.claims import SINGLE_KEY
 from musketeers.reports.keys import select
@@ -38,14 +40,14 @@ def rl_moves_claim(runs: list[Run], task: str, latents: int) -> str | None:
     text = f"RL moves the policy: on {task_title(task)}, Single's training reward rises over " \
            "its GRPO steps"
     per_seed = "; ".join(f"seed {s}: {100 * t.rise:+.2f} over {t.steps} steps"
-                         + ("" if t.low != t.low else
+                         + ("" if math.isnan(t.low) else
                             f" (run's own 95 % {100 * t.low:+.2f} to {100 * t.high:+.2f})")
                          for s, t in sorted(trends.items()))
     rises = [100 * t.rise for _, t in sorted(trends.items())]
     test = paired_seed_test(rises)
     if not test.testable:
         one = next(iter(trends.values()))
-        holds = None if one.low != one.low else one.low > 0
+        holds = None if math.isnan(one.low) else one.low > 0
         verdict = "one seed: descriptive only, not evidence"
         return claim_line(text, holds, f"fitted rise, points of reward: {per_seed}",
                           verdict=verdict)
