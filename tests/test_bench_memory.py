@@ -3,7 +3,7 @@
 import torch
 
 from musketeers.bench.memory import PhasePeaks, rss_mib
-from musketeers.bench.trl_bench import merged
+from musketeers.bench.rounds import merged
 from musketeers.runtime.step_profile import PhaseClock
 
 

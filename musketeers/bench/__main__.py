@@ -164,7 +164,8 @@ def section_train(rep: rp.Report, args, ctx: dict) -> None:
 
 
 def section_channels(rep: rp.Report, args, ctx: dict) -> None:
-    """A pocket step on each channel, against pooled's, and the pocket grid's store sizes."""
+    """A pocket step on each channel in alternating rounds, against pooled's, and the pocket
+    grid's store sizes."""
     from musketeers.bench import channels_bench as cb
     from musketeers.cache.precompute import resolve_dtype
     from musketeers.design.grid_yaml import read_grid_yaml

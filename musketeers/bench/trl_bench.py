@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from musketeers.bench.machine import peak_rss_mib, set_threads
+from musketeers.bench.rounds import Child, alternate
 
 TRL_VERSION = "1.16.0"
 PINNED = ("torch", "transformers", "peft", "accelerate", "datasets", "numpy", "safetensors")
@@ -170,25 +171,10 @@ def write_items_store(cache_dir: Path, task: str, limit: int) -> None:
                     PrecomputeConfig(router=False))
 
 
-def merged(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """One side's children, run in alternating rounds, as one result: every round's step
-    times in order, the round each came from, and the largest peak RSS."""
-    if bad := next((r for r in rounds if "error" in r), None):
-        return bad
-    out = dict(rounds[-1])
-    out["step_s"] = [t for r in rounds for t in r["step_s"]]
-    out["round"] = [k for k, r in enumerate(rounds) for _ in r["step_s"]]
-    out["peak_rss_mib"] = max(r["peak_rss_mib"] for r in rounds)
-    phases = [r.get("phase_peak_rss_mib", {}) for r in rounds]
-    out["phase_peak_rss_mib"] = {k: max(p.get(k, 0.0) for p in phases)
-                                 for k in dict.fromkeys(k for p in phases for k in p)}
-    return out
-
-
 def bench_trl(cache_dir: Path, run_root: Path, regime_name: str, reps: int, warmup: int,
               rounds: int = 2) -> dict[str, dict[str, Any]]:
     """``single`` and TRL in ``rounds`` alternating rounds (single, TRL, single, TRL, …) of
-    ``reps`` steps each, so load that comes and goes on the machine falls on both sides;
+    ``reps`` steps each (``rounds.alternate``), so load that comes and goes falls on both sides;
     then single with the stock decode, against single's prepacked weights."""
     from musketeers.bench.machine import run_child
 
@@ -197,13 +183,12 @@ def bench_trl(cache_dir: Path, run_root: Path, regime_name: str, reps: int, warm
     base = {"cache_dir": str(cache_dir), "regime": r, "policy": r["policy"], "device": "cpu",
             "reps": reps, "warmup": warmup}
     why = ensure_trl()
-    sides: dict[str, list[dict[str, Any]]] = {"single": [], "trl": []}
-    for k in range(rounds):
-        sides["single"].append(run_child("single",
-                                         {**base, "run_dir": str(run_root / f"single{k}")}))
-        sides["trl"].append({"error": why} if why else run_child(
-            "trl", {**base, "run_dir": str(run_root / f"trl{k}")}))
-    out = {side: merged(rs) for side, rs in sides.items()}
+
+    def child(side: str) -> Child:
+        return lambda k: {"error": why} if side == "trl" and why else run_child(
+            side, {**base, "run_dir": str(run_root / f"{side}{k}")})
+
+    out = alternate({side: child(side) for side in ("single", "trl")}, rounds)
     # the CPU decode's prepacked weights against the stock ``F.linear``, next to the last round
     out["single_stock"] = run_child("single", {**base, "set": {"prepack_decode": False},
                                                "run_dir": str(run_root / "single_stock")})
