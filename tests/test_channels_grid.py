@@ -80,3 +80,98 @@ def test_the_channels_grid_loads_its_registered_cells():
     assert set(grid.prereg.confirmatory) == {
         f"oracle ({c}) > {ctl}" for c in ("tokens", "answer")
         for ctl in ("Single", "its shuffled experts")}
+
+
+def test_the_channels_grid_precomputes_the_token_states_its_runs_read(tmp_path: Path,
+                                                                      monkeypatch):
+    """The pre-registered grid needs no manual precompute: its oracle experts get the hints'
+    pass and the last layer's token states (``--hints --token-states=-1``) in one call, and a
+    grid without precompute settings names that command."""
+    import shlex
+
+    import pytest
+
+    from musketeers.cache.errors import UserError
+    from musketeers.grid.needs import ensure_cache, grid_needs
+
+    grid = load_grid(GRID, overrides={"cache_dir": str(tmp_path / "stores")})
+
+    def team(name, roster):
+        return {"oracle": ["e1", "e2"]}[name]
+
+    (need,) = grid_needs(grid, team)  # Single reads the same store's items
+    assert need.token_units == {e: {("tokens", -1): None, ("answer", -1): None}
+                                for e in ("e1", "e2")}
+    assert list(need.hint_experts) == ["e1", "e2"] and need.token_layers("e1") == (-1,)
+    calls: list[dict] = []
+    monkeypatch.setattr("musketeers.run.features.precompute_features",
+                        lambda task, **kw: calls.append({"task": task, **kw}))
+    assert ensure_cache(grid, grid.precompute, team) == [TASK]
+    assert [(c["task"], c["experts"], c["hints"], c["token_layers"]) for c in calls] == [
+        (TASK, ["e1", "e2"], True, (-1,))]
+    with pytest.raises(UserError) as err:
+        ensure_cache(grid, None, team)
+    fix = shlex.split(str(err.value).split("; run: ")[1])
+    assert "--hints" in fix and "--token-states=-1" in fix
+
+
+def test_a_grid_groups_its_precompute_by_hints_and_token_layers(tmp_path: Path, monkeypatch):
+    """Pooled runs add no token states; a tokens run at another layer gets its own call, and
+    zero_context (the same on every channel) reads pooled vectors."""
+    import yaml
+
+    from musketeers.grid.needs import ensure_cache, grid_needs
+
+    path = tmp_path / "g.yaml"
+    base = {"task": "arithmetic", "cache_dir": str(tmp_path / "stores")}
+    path.write_text(yaml.safe_dump({"budget": "t", "runs": [
+        {**base, "method": "perceiver", "team": "a"},
+        {**base, "method": "zero_context", "team": "z", "channel": "tokens"},
+        {**base, "method": "perceiver", "team": "b", "channel": "tokens", "token_layer": 2},
+        {**base, "method": "output_collab", "team": "c"}]}))
+    grid = load_grid(path)
+
+    def team(name, roster):
+        return {"a": ["e1"], "z": ["e4"], "b": ["e2"], "c": ["e3"]}[name]
+
+    (need,) = grid_needs(grid, team)
+    assert need.token_units == {"e2": {("tokens", 2): None}}
+    calls: list[dict] = []
+    monkeypatch.setattr("musketeers.run.features.precompute_features",
+                        lambda task, **kw: calls.append(kw))
+    ensure_cache(grid, {"limit": 8}, team)
+    assert [(c["experts"], c["hints"], c["token_layers"]) for c in calls] == [
+        (["e1", "e4"], False, ()), (["e2"], False, (2,)), (["e3"], True, ())]
+
+
+def test_the_grid_adds_the_answer_states_a_store_lacks_and_then_finds_them(tmp_path: Path):
+    """A grid on the answer channel over a store that a pooled grid filled: the grid adds the
+    hints' pass and its answer states (the CLI's precompute path), leaves the pooled vectors'
+    bytes as they were, the reader reads the new states, and a second pass has nothing to do."""
+    import yaml
+
+    from musketeers.cache import reader
+    from musketeers.grid.needs import ensure_cache, grid_needs, missing_tokens, open_task_store
+
+    stores = tmp_path / "stores"
+
+    def grid(channel: str):
+        path = tmp_path / f"{channel}.yaml"
+        path.write_text(yaml.safe_dump({"budget": "smoke", "runs": [
+            {"task": "arithmetic", "method": "perceiver", "roster": "tiny", "experts": "tiny-gpt2",
+             "cache_dir": str(stores), "channel": channel}]}))
+        return load_grid(path)
+
+    settings = {"limit": 4, "dtype": "float32", "device": "cpu"}
+    assert ensure_cache(grid("pooled"), settings) == ["arithmetic"]
+    pooled = sorted((p, p.stat().st_mtime_ns) for p in stores.rglob("tiny-gpt2/last/**/*")
+                    if p.is_file())
+    (need,) = grid_needs(grid("answer"))
+    assert missing_tokens(need, open_task_store(need)) == ["tiny-gpt2"]
+    assert ensure_cache(grid("answer"), settings) == ["arithmetic"]
+    assert missing_tokens(need, open_task_store(need)) == []
+    for split in ("train", "val"):
+        (rows,) = reader.read_token_rows(stores, "arithmetic", split, ["tiny-gpt2"], "answer", -1)
+        assert len(rows) == 4
+    assert pooled and pooled == sorted((p, p.stat().st_mtime_ns) for p, _ in pooled)
+    assert ensure_cache(grid("answer"), settings) == []

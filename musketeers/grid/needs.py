@@ -1,4 +1,9 @@
-"""What a grid needs from the feature cache, what is missing, and precomputing only that."""
+"""What a grid needs from the feature cache, what is missing, and precomputing only that.
+
+A run on a token channel (``channel: tokens`` or ``answer``) needs its experts' token states
+at its ``token_layer`` (``precompute --token-states``), and the ``answer`` channel the hints'
+pass they come out of (``--hints``): the grid precomputes those too, as the CLI would.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from musketeers.cache import layout
+from musketeers.cache import layout, token_layout
 from musketeers.cache.errors import UserError
 from musketeers.cache.layout import SPLITS
+from musketeers.cache.tokens import ANSWER
+from musketeers.cache.zarrio import Damaged
 from musketeers.config import TrainConfig
 from musketeers.design.gridspec import Grid
 from musketeers.grid.ledger import precompute_name, timed
@@ -23,7 +30,8 @@ FIXTURES = Path("tests/fixtures")  # where `make fixtures` writes the smoke grid
 
 @dataclass
 class TaskNeed:
-    """For one (task, cache root, roster): the experts, which need hints, whether the router."""
+    """For one (task, cache root, roster): the experts, which need hints, which need token
+    states (channel, layer), whether the router."""
 
     task: str
     cache_dir: str
@@ -32,6 +40,11 @@ class TaskNeed:
     hint_experts: dict[str, None] = field(default_factory=dict)
     router: bool = False
     args: dict[str, str] = field(default_factory=dict)  # name -> what --experts takes for it
+    token_units: dict[str, dict[tuple[str, int], None]] = field(default_factory=dict)
+
+    def token_layers(self, name: str) -> tuple[int, ...]:
+        """The ``--token-states`` layers (as runs ask for them) that expert ``name`` needs."""
+        return tuple(sorted({k for _, k in self.token_units.get(name, {})}))
 
 
 def _team_experts(team: str | None, roster: str) -> list[str]:
@@ -59,12 +72,18 @@ def grid_needs(grid: Grid, team_experts: Callable[[str | None, str], list[str]] 
             items_only.setdefault(key[:2], TaskNeed(*key))
             continue
         need = needs.setdefault(key, TaskNeed(*key))
-        # hints live in the experts' groups, so a method reading hints needs those too
+        # the run's own rule (``methods.token_channel``): None where it reads pooled vectors
+        channel = methods.token_channel(method, str(f.get("channel", TrainConfig.channel)))
+        layer = int(f.get("token_layer", TrainConfig.token_layer))
+        # hints live in the experts' groups, so a method reading hints needs those too; the
+        # answer channel's states come out of the hints' pass
         for name, arg in _run_experts(f, roster, team_experts):
             need.experts.setdefault(name, None)
             need.args.setdefault(name, arg)
-            if "hints" in method.reads:
+            if "hints" in method.reads or channel == ANSWER:
                 need.hint_experts.setdefault(name, None)
+            if channel is not None:
+                need.token_units.setdefault(name, {}).setdefault((channel, layer), None)
         need.router |= "router" in method.reads
     read = {k[:2] for k in needs}
     return [*needs.values(), *(n for k, n in items_only.items() if k not in read)]
@@ -156,6 +175,35 @@ def missing(need: TaskNeed, root: Any) -> tuple[list[str], list[str], bool]:
     return absent, no_hints, router
 
 
+def missing_tokens(need: TaskNeed, root: Any) -> list[str]:
+    """Experts lacking a complete token unit (channel, layer) that a run reads, in the task's
+    store ``root`` (None: no store yet); the layer resolved against each expert's depth as the
+    reader resolves it (``reader.read_token_rows``)."""
+    if root is None:
+        return list(need.token_units)
+    out = []
+    for name, units in need.token_units.items():
+        for split in SPLITS:
+            g = layout.find_expert(root, split, name)
+            n_layers = layout.expert_meta(g)[0] if g is not None else None
+            if not isinstance(n_layers, int) or not all(
+                    token_layout.is_complete(_token_unit(g, ch, layer, n_layers))
+                    for ch, layer in units):
+                out.append(name)
+                break
+    return out
+
+
+def _token_unit(g: Any, channel: str, layer: int, n_layers: int) -> Any:
+    """The expert unit's token unit of ``channel`` at ``layer``; None when absent or unreadable
+    (precompute repairs it)."""
+    k = token_layout.resolve_layer(layer, n_layers)
+    try:
+        return token_layout.token_unit(g, channel, k) if k is not None else None
+    except Damaged:  # counts as absent
+        return None
+
+
 def ensure_cache(grid: Grid, settings: dict[str, Any] | None,
                  team_experts: Callable[[str | None, str], list[str]] | None = None,
                  gsm8k_dir: Path | None = None, ledger: Path | None = None) -> list[str]:
@@ -172,26 +220,28 @@ def ensure_cache(grid: Grid, settings: dict[str, Any] | None,
         check_items(need, root, settings_.get("limit"))
         check_dtype(need, root, settings_.get("dtype"), settings_.get("device", "auto"))
         absent, no_hints, router = missing(need, root)
-        hinted = [e for e in dict.fromkeys(absent + no_hints) if e in need.hint_experts]
-        plain = [e for e in absent if e not in need.hint_experts]
-        todo = plain + hinted
+        redo = dict.fromkeys(absent + no_hints + missing_tokens(need, root))
+        # Hints cost a greedy generation per item, so only the experts whose runs read hints
+        # (or answer states) get them; one call per (hints, token layers), plain ones first
+        batches: dict[tuple[bool, tuple[int, ...]], list[str]] = {}
+        for hints in (False, True):
+            for e in redo:
+                if (e in need.hint_experts) == hints:
+                    batches.setdefault((hints, need.token_layers(e)), []).append(e)
+        todo = [e for names in batches.values() for e in names]
         fresh = root is None  # no store: even a grid of runs without experts needs its items
         if not todo and not router and not fresh:
             continue
         if settings is None:
             what = ", ".join(todo) or ("router" if router else "its items")
             unfilled.append(f"{need.task} features ({what}) in {need.cache_dir}; run: "
-                            f"{_fill_command(need, todo, bool(hinted))}")
+                            f"{_fill_command(need, todo, any(h for h, _ in batches))}")
             continue
         from musketeers.run.features import precompute_features
 
         log.info("precompute %s: %s%s", need.task, ", ".join(todo) or "-",
                  " + router" if router else "")
-        # Hints cost a greedy generation per item, so only the output-collab experts get them.
-        batches = [(plain, False), (hinted, True)] if todo else [([], False)]
-        for names, hints in batches:
-            if not names and todo:
-                continue
+        for (hints, layers), names in batches.items() or [((False, ()), [])]:
             what = precompute_name(need.task, names, hints)
             # router only: the grid's own experts (all complete: their fingerprints are checked,
             # nothing is recomputed), not another team's
@@ -202,7 +252,7 @@ def ensure_cache(grid: Grid, settings: dict[str, Any] | None,
                     team=None if experts else "default", cache_dir=Path(need.cache_dir),
                     limit=settings.get("limit"), hints=hints,
                     device=settings.get("device", "auto"), dtype=settings.get("dtype", "auto"),
-                    gsm8k_dir=gsm8k_dir, router=router)
+                    gsm8k_dir=gsm8k_dir, router=router, token_layers=layers)
             router = False
         done.append(need.task)
     if unfilled:
@@ -212,13 +262,15 @@ def ensure_cache(grid: Grid, settings: dict[str, Any] | None,
 
 def _fill_command(need: TaskNeed, todo: list[str], hints: bool) -> str:
     """What fills the store a grid without ``precompute:`` settings reads: the fixtures for the
-    fixture folder, else the precompute of exactly those experts, in that folder."""
+    fixture folder, else the precompute of exactly those experts (with the token states their
+    runs read), in that folder."""
     if Path(need.cache_dir).resolve() == FIXTURES.resolve():
         return "make fixtures"
-    from musketeers.cache.store import precompute_command, store_limit, store_path
+    from musketeers.cache.store import precompute_command, store_limit, store_path, token_option
 
     path = store_path(need.cache_dir, need.task)
     limit = store_limit(path) if path.is_dir() else None
     experts = ",".join(need.args.get(n, n) for n in todo or need.experts) or None
+    layers = sorted({k for n in todo for k in need.token_layers(n)})
     return precompute_command(need.task, experts, need.cache_dir, limit=limit, hints=hints,
-                              roster=need.roster)
+                              options=token_option(layers), roster=need.roster)
