@@ -109,12 +109,6 @@ def get(name: str) -> Method:
         raise UserError(f"unknown method '{name}'; valid: {', '.join(REGISTRY)}") from None
 
 
-def resolve(cfg: Any, method: Method | None = None) -> Method:
-    """A run's method: ``method`` where the run's entry resolved it once and passed it down,
-    else ``cfg.method`` looked up (a caller outside a run: a benchmark, a test)."""
-    return method if method is not None else get(cfg.method)
-
-
 def ignored(method: Any) -> tuple[str, ...]:
     """Config fields that change nothing ``method`` computes (the registry's ``ignores``):
     dropped from its run name, its table group and its staleness check. Empty for a name the

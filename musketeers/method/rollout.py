@@ -231,7 +231,7 @@ def shuffle_within_groups(rewards: torch.Tensor, seed: int) -> torch.Tensor:
 
 
 def assign_advantages(cfg: TrainConfig, step: int, rollouts: list[Rollout],
-                      world: World | None = None, method: methods.Method | None = None
+                      method: methods.Method, world: World | None = None
                       ) -> tuple[bool, bool]:
     """Pass 2: advantages over the whole update (every micro-batch of every rank), and which
     groups enter the loss. The ``shuffled_reward`` control permutes each group's rewards
@@ -243,7 +243,7 @@ def assign_advantages(cfg: TrainConfig, step: int, rollouts: list[Rollout],
     mine = ([r.rewards for r in rollouts], [it.source for r in rollouts for it in r.items])
     gathered = world.all_gather(mine)
     rewards = torch.cat([t for ranks_rewards, _ in gathered for t in ranks_rewards])  # [B, G]
-    if methods.resolve(cfg, method).shuffle_rewards:
+    if method.shuffle_rewards:
         rewards = shuffle_within_groups(rewards, derived_seed(cfg.seed, _SHUFFLE_TAG, step))
     sources = [src for _, ranks_sources in gathered for src in ranks_sources]
     adv = compute_advantages(rewards, advantage=cfg.advantage, reward_norm=cfg.reward_norm,

@@ -41,11 +41,11 @@ def gold_nll(policy, adapter, data: Batches, rows: torch.Tensor, device: str
     return -(logp.sum() / mask.sum())
 
 
-def warms_up(cfg: TrainConfig, adapter, method: methods.Method | None = None) -> bool:
+def warms_up(cfg: TrainConfig, adapter, method: methods.Method) -> bool:
     """Whether this run gets the warm-up: the method trains, and the run has an adapter that
     learns or (``warmup_policy_lr``) a LoRA, so that Single gets the supervised steps Ours does."""
     learns = adapter is not None and any(p.requires_grad for p in adapter.parameters())
-    return (cfg.adapter_warmup > 0 and methods.resolve(cfg, method).trains
+    return (cfg.adapter_warmup > 0 and method.trains
             and (learns or cfg.warmup_policy_lr > 0))
 
 
