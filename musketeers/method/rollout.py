@@ -19,20 +19,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 
 from musketeers.cache.errors import UserError
 from musketeers.cache.items import Item
-from musketeers.config import TrainConfig
 from musketeers.method import methods
 from musketeers.method.expert_tokens import ExpertInput
 from musketeers.method.grpo import compute_advantages, zero_variance_groups
 from musketeers.runtime.distributed import World
 from musketeers.runtime.seeds import derived_seed
 from musketeers.runtime.step_profile import decode_batches
+
+if TYPE_CHECKING:  # a type only: config imports the method's registries, never the reverse
+    from musketeers.config import TrainConfig
 
 # (step, tensor name, tensor) -> tensor: lets tests inject faults (NaN) at named points.
 FaultHook = Callable[[int, str, torch.Tensor], torch.Tensor]

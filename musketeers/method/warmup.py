@@ -12,14 +12,16 @@ only the train split's gold answers are read, never a validation item's.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from musketeers.config import TrainConfig
 from musketeers.method import methods
 from musketeers.method.rollout import Batches, adapter_context
 from musketeers.runtime.seeds import derived_seed
+
+if TYPE_CHECKING:  # a type only: config imports the method's registries, never the reverse
+    from musketeers.config import TrainConfig
 
 log = logging.getLogger("musketeers.method.warmup")
 _WARMUP_TAG = 0x3A2F  # derived_seed stream of the warm-up's item draws
