@@ -7,7 +7,6 @@ names a type for the checker, as the method names ``TrainConfig`` in its signatu
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 from test_module_rules import imported, modules
@@ -45,32 +44,6 @@ def part(name: str) -> str | None:
     return parts[1] if len(parts) > 1 and parts[0] == "musketeers" else None
 
 
-def _type_checking(node: ast.stmt) -> bool:
-    test = node.test if isinstance(node, ast.If) else None
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
-def run_imports(path: Path) -> set[str]:
-    """What ``path`` imports when it runs (``imported``'s names, function-local imports
-    included), less the imports under ``if TYPE_CHECKING:``, which never run."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    for node in ast.walk(tree):
-        for name in ("body", "orelse", "finalbody"):
-            block = getattr(node, name, None)
-            if isinstance(block, list):
-                setattr(node, name, [k for s in block
-                                     for k in (s.orelse if _type_checking(s) else [s])])
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.add(node.module)
-            names.update(f"{node.module}.{a.name}" for a in node.names)
-    return names
-
-
 def part_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
     """{part: the parts it imports}: the graph of musketeers' folders and top-level modules."""
     graph: dict[str, set[str]] = {p: set() for m in mods if (p := part(m)) is not None}
@@ -78,7 +51,7 @@ def part_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
         src = part(m)
         if src is None:
             continue
-        for n in run_imports(path):
+        for n in imported(path, type_checking=False):
             dst = part(n)
             if dst in graph and dst != src:
                 graph[src].add(dst)
