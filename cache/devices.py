@@ -28,8 +28,8 @@ def resolve_device(device: str) -> str:
     return device
 
 
-# torch's names, as `train --dtype` takes them (musketeers.config.DTYPES), so one grid file can
-# name one dtype for both halves; the short names are kept for scripts written before.
+# torch's names, as `train --dtype` takes them (musketeers.config_checks.DTYPES), so one grid
+# file can name one dtype for both halves; the short names are kept for scripts written before.
 DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
                "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -21,21 +21,8 @@ from musketeers.budgets import BUDGETS
 from musketeers.cache.errors import UserError
 from musketeers.config_checks import validate
 
-SCHEDULERS = ("constant", "linear", "cosine")
-# "auto": bfloat16 where the device computes it natively (CUDA; a CPU with avx512_bf16 or
-# AMX), float32 elsewhere, where bf16 is emulated and slower than float32
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-# Where C enters the policy's prefix (musketeers.method.policy.Policy.build_inputs).
-CONTEXT_POSITIONS = ("before_generation_prompt", "after_prompt", "before_prompt")
-CONTEXT_SCALES = ("init", "embedding")
 # a token channel's layer unless told: each expert's last hidden state
 DEFAULT_TOKEN_LAYER = -1
-# sizes past which a run cannot start on any machine here (tensors of terabytes, or an
-# overflow): refused with a line instead of a traceback deep inside torch
-SIZE_LIMITS = {"group_size": 1024, "latents": 4096, "d_model": 16384, "heads": 1024,
-               "max_new_tokens": 131072, "prompts_per_micro": 4096, "grad_accum": 65536,
-               "decode_prompts": 65536, "inner_iters": 1024, "lora_r": 4096, "steps": 10_000_000,
-               "adapter_warmup": 10_000_000, "adapter_warmup_batch": 4096}
 
 
 def opt(default: Any = MISSING, *, help: str, cli: bool | str = False, path: bool = False,
@@ -301,8 +288,9 @@ def apply_overrides(cfg: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
 
 
 def torch_dtype_name(dtype: str, device: str) -> str:
-    """The dtype a run computes in: ``auto`` resolved by the device (see DTYPES), on the
-    machine that runs it, so a config saved as ``auto`` stays portable across CPUs."""
+    """The dtype a run computes in: ``auto`` resolved by the device (see
+    ``musketeers.config_checks.DTYPES``), on the machine that runs it, so a config saved as
+    ``auto`` stays portable across CPUs."""
     if dtype != "auto":
         return dtype
     from musketeers.cache.devices import dtype_name, resolve_dtype  # precompute's own rule

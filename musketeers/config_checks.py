@@ -13,6 +13,20 @@ from musketeers.cache.errors import UserError
 if TYPE_CHECKING:
     from musketeers.config import TrainConfig
 
+# The valid values of the options no registry declares. They live here, with the check that
+# reads them, so that config imports its validator and the validator never imports config.
+SCHEDULERS = ("constant", "linear", "cosine")
+# "auto": bfloat16 where the device computes it natively (CUDA; a CPU with avx512_bf16 or
+# AMX), float32 elsewhere, where bf16 is emulated and slower than float32
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+CONTEXT_SCALES = ("init", "embedding")
+# sizes past which a run cannot start on any machine here (tensors of terabytes, or an
+# overflow): refused with a line instead of a traceback deep inside torch
+SIZE_LIMITS = {"group_size": 1024, "latents": 4096, "d_model": 16384, "heads": 1024,
+               "max_new_tokens": 131072, "prompts_per_micro": 4096, "grad_accum": 65536,
+               "decode_prompts": 65536, "inner_iters": 1024, "lora_r": 4096, "steps": 10_000_000,
+               "adapter_warmup": 10_000_000, "adapter_warmup_batch": 4096}
+
 
 def _one_of(name: str, value: str, valid: typing.Iterable[str]) -> None:
     valid = tuple(valid)
@@ -24,9 +38,9 @@ def validate(cfg: TrainConfig) -> None:
     """Names against the registries of the other modules; sizes positive. UserError if not."""
     from musketeers.cache.reader import POOLINGS
     from musketeers.cache.tokens import CHANNELS
-    from musketeers.config import CONTEXT_POSITIONS, CONTEXT_SCALES, DTYPES, SCHEDULERS, SIZE_LIMITS
     from musketeers.method.grpo_options import ADVANTAGES, LOSS_NORMS, REWARD_NORMS
     from musketeers.method.methods import names as method_names
+    from musketeers.method.placement import CONTEXT_POSITIONS
     from musketeers.tasks import EXTRACTIONS, check_task
 
     check_task(cfg.task)

@@ -299,6 +299,7 @@ def test_an_adapter_too_large_for_memory_is_a_one_line_error(planted_store, tmp_
     """Sizes under the limits can still exceed this machine's memory: the allocator's error
     becomes one line naming the options, and any other error still surfaces as itself."""
     from musketeers.checks.planted import planted_config
+    from musketeers.method import methods
     from musketeers.run import build
 
     cfg = planted_config("perceiver", 0, 1, planted_store, tmp_path / "run", d_model=16384)
@@ -309,14 +310,14 @@ def test_an_adapter_too_large_for_memory_is_a_one_line_error(planted_store, tmp_
 
     monkeypatch.setattr(build, "build_adapter", refuse)
     with pytest.raises(UserError, match="does not fit in memory; pass a smaller --d-model"):
-        build.build_components(cfg, "train")
+        build.build_components(cfg, "train", method=methods.get(cfg.method))
 
     def broken(*_a, **_k):
         raise RuntimeError("shape mismatch")
 
     monkeypatch.setattr(build, "build_adapter", broken)
     with pytest.raises(RuntimeError, match="shape mismatch"):
-        build.build_components(cfg, "train")
+        build.build_components(cfg, "train", method=methods.get(cfg.method))
 
 
 def test_tasks_show_prints_each_datasets_shortcuts_and_forgeries():

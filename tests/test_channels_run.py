@@ -16,6 +16,7 @@ from musketeers.cache import from_memory, layout, reader
 from musketeers.cache.errors import UserError
 from musketeers.cache.tokens import TokenRows, from_arrays
 from musketeers.checks.planted import EXPERTS, planted_config, write_planted_store
+from musketeers.method import methods
 from musketeers.method.adapter import ExpertTokens
 from musketeers.method.methods import derangement
 from musketeers.run import data as data_mod
@@ -88,11 +89,17 @@ def small(method: str, store: Path, run: Path, steps: int = 2, **kw):
     return planted_config(method, 0, steps, store, run, **values)
 
 
+def split_of(cfg, split: str = "train"):
+    """``split`` as a run of ``cfg`` reads it: its method resolved once, its team's experts."""
+    method = methods.get(cfg.method)
+    return load_split(cfg, split, expert_names_for(cfg, method), method=method)
+
+
 def test_split_keeps_token_rows_and_reads_each_batch(planted_store, tmp_path, monkeypatch):
     read = token_reader(extra=3)
     monkeypatch.setattr(reader, "read_token_rows", read)
     cfg = small("perceiver", planted_store, tmp_path / "r", channel="tokens")
-    data = load_split(cfg, "train", expert_names_for(cfg))
+    data = split_of(cfg)
     assert data.vectors == [] and len(data.tokens) == 3
     assert all(rec.reads == [] for rec in read.made)  # nothing read until a batch asks
     items, inputs, _ = data.batch(torch.tensor([5, 2, 7]))
@@ -115,10 +122,10 @@ def test_split_keeps_token_rows_and_reads_each_batch(planted_store, tmp_path, mo
 def test_shuffled_experts_reads_another_rows_tokens(token_store, tmp_path):
     cfg = small("shuffled_experts", token_store, tmp_path / "r", channel="tokens",
                 token_layer=RAGGED)
-    data = load_split(cfg, "train", expert_names_for(cfg))
+    data = split_of(cfg)
     perm = derangement(len(data), cfg.seed)
     assert data.token_rows.tolist() == perm.tolist()
-    pooled = load_split(replace(cfg, channel="pooled"), "train", expert_names_for(cfg))
+    pooled = split_of(replace(cfg, channel="pooled"))
     rows = torch.arange(10)
     _, tok, _ = data.batch(rows)
     _, vec, _ = pooled.batch(rows)
@@ -132,12 +139,12 @@ def test_a_store_without_the_channel_names_the_precompute_that_adds_it(planted_s
     cfg = small("perceiver", planted_store, tmp_path / "r", channel="tokens", token_layer=1)
     with pytest.raises(UserError, match=r"no channel 'tokens'.*run: musketeers precompute .*"
                                         r"--token-states=1"):
-        load_split(cfg, "train", expert_names_for(cfg))
+        split_of(cfg)
 
 
 def test_zero_context_reads_pooled_vectors_on_any_channel(planted_store, tmp_path):
     cfg = small("zero_context", planted_store, tmp_path / "r", channel="tokens")  # none stored
-    data = load_split(cfg, "train", expert_names_for(cfg))
+    data = split_of(cfg)
     assert data.tokens == [] and len(data.vectors) == 3
 
 
@@ -237,22 +244,23 @@ def test_a_token_run_records_its_token_units_and_resume_refuses_other_ones(token
     shutil.copytree(token_store, cache)
     run = tmp_path / "run"
     cfg = small("perceiver", cache, run, channel="tokens", token_layer=RAGGED)
-    names = expert_names_for(cfg)
+    method = methods.get(cfg.method)
+    names = expert_names_for(cfg, method)
     root = zarr.open_group(store_path(cache, cfg.task), mode="r+")
     units = {n: token_layout.token_unit(layout.find_expert(root, "train", n), "tokens", 0)
              for n in names}
-    recorded = runfolder.store_fingerprints(cfg, names)
+    recorded = runfolder.store_fingerprints(cfg, method)
     assert recorded["tokens"] == {n: u.attrs["fingerprint"] for n, u in units.items()}
     assert all(recorded["tokens"].values())
     assert recorded["tokens"] != runfolder.store_fingerprints(
-        replace(cfg, token_layer=ONE), names)["tokens"]  # another layer, another unit
-    assert "tokens" not in runfolder.store_fingerprints(replace(cfg, channel="pooled"), names)
+        replace(cfg, token_layer=ONE), method)["tokens"]  # another layer, another unit
+    assert "tokens" not in runfolder.store_fingerprints(replace(cfg, channel="pooled"), method)
     runfolder.begin(cfg, run, recorded)
-    assert runfolder.check_store(cfg, run)
+    assert runfolder.check_store(cfg, run, runfolder.store_fingerprints(cfg, method))
     # one expert's layer-0 states rebuilt from other inputs; its pooled unit is untouched
     g = layout.find_expert(root, "train", names[1])
     rows = token_layout.token_rows(units[names[1]]).rows(range(g["last"].shape[0]))
     from_memory.write_token_unit(g, "tokens", 0, rows, {"another": "expert"})
-    assert runfolder.store_fingerprints(cfg, names)["experts"] == recorded["experts"]
+    assert runfolder.store_fingerprints(cfg, method)["experts"] == recorded["experts"]
     with pytest.raises(UserError, match=rf"\(expert {names[1]}'s token states differ\)"):
-        runfolder.check_store(cfg, run)
+        runfolder.check_store(cfg, run, runfolder.store_fingerprints(cfg, method))

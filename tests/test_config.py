@@ -256,7 +256,7 @@ def test_precompute_and_train_take_the_same_dtype_names():
 
     from musketeers.cache.devices import resolve_dtype
     from musketeers.cache.errors import UserError
-    from musketeers.config import DTYPES
+    from musketeers.config_checks import DTYPES
 
     for name in DTYPES:
         if name != "auto":

@@ -37,7 +37,7 @@ def zero_rewards(step: int, name: str, t: torch.Tensor) -> torch.Tensor:
 
 def weights_after(c, run: Path):
     """(adapter state, LoRA state, C and A on fixed rows) of a run's last checkpoint."""
-    data, policy, adapter = build_components(c, "train")
+    data, policy, adapter = build_components(c, "train", method=methods.get(c.method))
     ckpt.load_weights(ckpt.latest_checkpoint(run), policy.model, adapter)
     return _observe(data, policy, adapter)
 
@@ -57,7 +57,7 @@ def test_no_reward_no_movement(planted_store, tmp_path):
     the check can fail."""
     still, moved = tmp_path / "still", tmp_path / "moved"
     c = cfg("perceiver", planted_store, still, steps=20)
-    data, policy, adapter = build_components(c, "train")
+    data, policy, adapter = build_components(c, "train", method=methods.get(c.method))
     state0, lora0, ctx0, att0 = _observe(data, policy, adapter)
     train(c, fault=zero_rewards)
     assert all(r["update_skipped"] and r["zero_var_frac"] == 1.0 for r in rows(still))
@@ -87,8 +87,10 @@ def test_shuffled_reward_samples_what_ours_samples(planted_store, tmp_path):
 
 
 def test_shuffled_experts_reads_every_row_from_another_row(planted_store, tmp_path):
-    ours = build_components(cfg("perceiver", planted_store, tmp_path / "a"), "train")[0]
-    ctrl = build_components(cfg("shuffled_experts", planted_store, tmp_path / "b"), "train")[0]
+    ours = build_components(cfg("perceiver", planted_store, tmp_path / "a"), "train",
+                            method=methods.get("perceiver"))[0]
+    ctrl = build_components(cfg("shuffled_experts", planted_store, tmp_path / "b"), "train",
+                            method=methods.get("shuffled_experts"))[0]
     for v, w in zip(ours.vectors, ctrl.vectors, strict=True):
         assert not (v == w).all(dim=1).any()  # no row keeps its own vector
     assert [it.id for it in ours.items] == [it.id for it in ctrl.items]
@@ -101,12 +103,12 @@ def test_zero_context_is_single_with_m_zero_positions(planted_store, tmp_path):
     """C ≡ 0, nothing in φ trains, and π_θ starts exactly at π_ref (same zero positions)."""
     run = tmp_path / "zero"
     c = cfg("zero_context", planted_store, run, steps=2)
-    _, policy, adapter = build_components(c, "train")
+    _, policy, adapter = build_components(c, "train", method=methods.get(c.method))
     assert adapter is not None and not list(adapter.parameters())
     train(c)
     first = rows(run)[0]
     assert first["kl"] == 0.0 and "entropy" not in first
-    data, policy, adapter = build_components(c, "train")
+    data, policy, adapter = build_components(c, "train", method=methods.get(c.method))
     context = adapter(data.batch(torch.arange(4))[1]).context
     assert context.shape == (4, c.latents, policy.embed_dim) and not context.any()
 
@@ -124,7 +126,7 @@ def test_advantages_span_the_whole_update():
     c = TrainConfig(advantage="loo", reward_norm="task", method="perceiver")
     micro = [rollout(["a", "b"], [[1.0, 0.0], [0.0, 0.0]]),
              rollout(["a", "b"], [[1.0, 1.0], [1.0, 0.0]])]
-    assign_advantages(c, 0, micro)
+    assign_advantages(c, 0, micro, methods.get(c.method))
     whole = compute_advantages(torch.cat([r.rewards for r in micro]), advantage="loo",
                                reward_norm="task", sources=["a", "b", "a", "b"])
     torch.testing.assert_close(torch.cat([r.adv for r in micro]), whole)

@@ -1,7 +1,9 @@
 """The direction of imports: ``musketeers.cli`` → ``musketeers`` → ``musketeers.cache``, the
-method never reads the run that trains it, and no two folders of ``musketeers`` import each
-other, however indirectly. Imports inside functions count: a deferred import is still a
-dependency, it only hides the loop until the function runs."""
+method never reads the run that trains it, and no two parts of ``musketeers`` (its folders and
+its top-level modules: config, config_checks, teams, budgets) import each other, however
+indirectly. Imports inside functions count: a deferred import is still a dependency, it only
+hides the loop until the function runs. An import under ``if TYPE_CHECKING:`` never runs: it
+names a type for the checker, as the method names ``TrainConfig`` in its signatures."""
 
 from __future__ import annotations
 
@@ -34,24 +36,23 @@ def offenders(mods: dict[str, Path], source: str, target: str,
     return out
 
 
-def folder(name: str) -> str | None:
-    """The top-level subpackage of ``musketeers`` a module belongs to (None: a module at the
-    package's top, such as musketeers.config, which is no folder)."""
+def part(name: str) -> str | None:
+    """The part of ``musketeers`` a module belongs to: its top-level folder (``method`` for
+    musketeers.method.policy), or itself for a module at the package's top (``config``);
+    None for the package itself."""
     parts = name.split(".")
-    return parts[1] if len(parts) > 2 else None
+    return parts[1] if len(parts) > 1 and parts[0] == "musketeers" else None
 
 
-def folder_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
-    """{folder: the folders its modules import}: the graph of top-level subpackages."""
-    folders = {m.split(".")[1] for m, p in mods.items()
-               if len(m.split(".")) == 2 and p.name == "__init__.py"}
-    graph: dict[str, set[str]] = {f: set() for f in folders}
+def part_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """{part: the parts it imports}: the graph of musketeers' folders and top-level modules."""
+    graph: dict[str, set[str]] = {p: set() for m in mods if (p := part(m)) is not None}
     for m, path in mods.items():
-        src = folder(m)
-        if src not in graph:
+        src = part(m)
+        if src is None:
             continue
-        for n in imported(path):
-            dst = n.split(".")[1] if _ours(n) and n.count(".") >= 1 else None
+        for n in imported(path, type_checking=False):
+            dst = part(n)
             if dst in graph and dst != src:
                 graph[src].add(dst)
     return graph
@@ -95,8 +96,27 @@ def test_the_method_imports_nothing_from_the_run():
 
 
 def test_no_cycle_between_folders():
-    cycle = find_cycle(folder_graph(modules()))
-    assert cycle is None, "folders import each other: " + " → ".join(cycle or [])
+    """Nor between a folder and a top-level module (config → method → config), nor between two
+    top-level modules (config → config_checks → config)."""
+    graph = part_graph(modules())
+    assert {"config", "config_checks", "teams", "budgets", "method", "run"} <= set(graph)
+    cycle = find_cycle(graph)
+    assert cycle is None, "parts of musketeers import each other: " + " → ".join(cycle or [])
+
+
+def test_the_graph_sees_a_module_and_a_folder_importing_each_other(tmp_path: Path):
+    """A top-level module and a folder that read each other, even through a function-local
+    import, are a loop; an import under ``if TYPE_CHECKING:`` is no edge."""
+    (tmp_path / "policy.py").write_text("def f():\n    from musketeers.config import X\n")
+    (tmp_path / "config.py").write_text("from musketeers.method.placement import X\n")
+    (tmp_path / "typed.py").write_text("from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+                                       "    from musketeers.config import TrainConfig\n")
+    mods = {"musketeers.method.policy": tmp_path / "policy.py",
+            "musketeers.config": tmp_path / "config.py"}
+    assert find_cycle(part_graph(mods)) == ["config", "method", "config"]
+    mods["musketeers.method.policy"] = tmp_path / "typed.py"
+    assert part_graph(mods) == {"config": {"method"}, "method": set()}
+    assert find_cycle(part_graph(mods)) is None
 
 
 def test_the_cycle_finder_reports_a_planted_loop():

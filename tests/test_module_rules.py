@@ -26,9 +26,28 @@ def modules() -> dict[str, Path]:
     return out
 
 
-def imported(path: Path, top_level_only: bool = False) -> set[str]:
-    """Every module name ``path`` imports (``from a import b`` counts as a and a.b)."""
+def _type_checking(node: ast.stmt) -> bool:
+    test = node.test if isinstance(node, ast.If) else None
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _drop_type_checking(tree: ast.AST) -> None:
+    """Replace each ``if TYPE_CHECKING:`` block of ``tree`` by its ``else`` branch."""
+    for node in ast.walk(tree):
+        for name in ("body", "orelse", "finalbody"):
+            block = getattr(node, name, None)
+            if isinstance(block, list):
+                setattr(node, name, [k for s in block
+                                     for k in (s.orelse if _type_checking(s) else [s])])
+
+
+def imported(path: Path, top_level_only: bool = False, type_checking: bool = True) -> set[str]:
+    """Every module name ``path`` imports (``from a import b`` counts as a and a.b).
+    ``type_checking=False``: without those under ``if TYPE_CHECKING:``, which never run."""
     tree = ast.parse(path.read_text(), filename=str(path))
+    if not type_checking:
+        _drop_type_checking(tree)
     nodes = tree.body if top_level_only else list(ast.walk(tree))
     names: set[str] = set()
     for node in nodes:

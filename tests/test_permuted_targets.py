@@ -21,6 +21,7 @@ from musketeers.bench.permuted import (
 )
 from musketeers.cache.items import Item
 from musketeers.checks.planted import DIM, EXPERTS, ORACLE, planted_config
+from musketeers.method import methods
 from musketeers.method.rollout import policy_score
 from musketeers.run.build import expert_names_for
 from musketeers.run.data import load_split
@@ -48,7 +49,8 @@ def decode_oracle(vectors: torch.Tensor) -> list[str]:
 def test_each_row_is_asked_another_question_and_its_c_carries_its_target(
         planted_store, tmp_path: Path, split: str):
     cfg = planted_config("perceiver", 0, 1, planted_store, tmp_path / "r")
-    data = load_split(cfg, split, expert_names_for(cfg))
+    method = methods.get(cfg.method)
+    data = load_split(cfg, split, expert_names_for(cfg, method), method=method)
     moved = permute_targets(data, cfg.seed)
     sigma = target_permutation(len(data), cfg.seed)
     assert [it.question for it in moved.items] == [data.items[j].question for j in sigma]
@@ -66,7 +68,8 @@ def test_each_row_is_asked_another_question_and_its_c_carries_its_target(
 def test_grading_reads_the_permuted_target_not_the_questions_own_answer(planted_store,
                                                                         tmp_path: Path):
     cfg = planted_config("perceiver", 0, 1, planted_store, tmp_path / "r")
-    data = load_split(cfg, "val", expert_names_for(cfg))
+    method = methods.get(cfg.method)
+    data = load_split(cfg, "val", expert_names_for(cfg, method), method=method)
     moved = permute_targets(data, cfg.seed)
     sigma = target_permutation(len(data), cfg.seed)
     differ = [i for i, j in enumerate(sigma) if data.items[j].answer != data.items[i].answer]

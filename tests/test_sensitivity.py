@@ -341,6 +341,7 @@ def test_the_adapter_warm_up_fits_phi_alone_and_its_control_reads_its_own_vector
     reads the vectors its method reads (deranged ones learn less) and is skipped where nothing
     in φ trains."""
     from musketeers.checks.planted import planted_config
+    from musketeers.method import methods
     from musketeers.method.warmup import gold_nll, warm_up_adapter
     from musketeers.run.build import build_components
     from musketeers.run.trainer import train
@@ -350,7 +351,7 @@ def test_the_adapter_warm_up_fits_phi_alone_and_its_control_reads_its_own_vector
                               group_size=2, adapter_warmup=40, adapter_warmup_lr=1e-2, **kw)
 
     c = cfg("perceiver", "direct")
-    data, policy, adapter = build_components(c, "train")
+    data, policy, adapter = build_components(c, "train", method=methods.get(c.method))
     lora = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
     rows = torch.arange(32)
     with torch.no_grad():
@@ -381,6 +382,7 @@ def test_the_warm_up_can_fit_the_policys_lora_and_then_gives_single_the_same_ste
     """warmup_policy_lr: the LoRA learns beside φ (the reader, not only what it reads), and a
     method without an adapter gets the same supervised steps on its LoRA alone."""
     from musketeers.checks.planted import planted_config
+    from musketeers.method import methods
     from musketeers.method.warmup import warm_up_adapter, warms_up
     from musketeers.run.build import build_components
 
@@ -388,8 +390,8 @@ def test_the_warm_up_can_fit_the_policys_lora_and_then_gives_single_the_same_ste
         c = planted_config(method, 0, 1, planted_store, tmp_path / method, prompts_per_micro=8,
                            group_size=2, adapter_warmup=5, adapter_warmup_lr=1e-2,
                            warmup_policy_lr=1e-2)
-        data, policy, adapter = build_components(c, "train")
-        assert warms_up(c, adapter)
+        data, policy, adapter = build_components(c, "train", method=methods.get(method))
+        assert warms_up(c, adapter, methods.get(method))
         lora = {n: p.detach().clone() for n, p in policy.model.named_parameters()
                 if p.requires_grad}
         phi = None if adapter is None else [p.detach().clone() for p in adapter.parameters()]
@@ -402,7 +404,8 @@ def test_the_warm_up_can_fit_the_policys_lora_and_then_gives_single_the_same_ste
             assert any(not torch.equal(a, b) for a, b in zip(adapter.parameters(), phi,
                                                               strict=True))
     off = planted_config("single", 0, 1, planted_store, tmp_path / "off", adapter_warmup=5)
-    assert not warms_up(off, None)  # without warmup_policy_lr Single has nothing to warm up
+    # without warmup_policy_lr Single has nothing to warm up
+    assert not warms_up(off, None, methods.get("single"))
 
 
 def test_the_channel_diagnostic_pairs_its_conditions_item_by_item():

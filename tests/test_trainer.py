@@ -12,6 +12,7 @@ import torch
 from musketeers.cache.errors import UserError
 from musketeers.checks.planted import planted_config
 from musketeers.config import read_run_config
+from musketeers.method import methods
 from musketeers.run import checkpoint as ckpt
 from musketeers.run.build import build_components
 from musketeers.run.trainer import NonFiniteError, train
@@ -90,7 +91,7 @@ def test_no_context_reward_samples_the_policy_without_context(planted_store, tmp
     from musketeers.method.rollout import no_context_reward
 
     cfg = small("perceiver", planted_store, tmp_path / "r", no_context_every=1)
-    data, policy, _ = build_components(cfg, "train")
+    data, policy, _ = build_components(cfg, "train", method=methods.get(cfg.method))
     seen = []
     real = policy.generate
 
@@ -185,7 +186,7 @@ def test_near_zero_adapter_matches_zero_context(planted_store, tmp_path):
     """Eq. 11's near-zero W_out: first-step log-probs with C equal those with C = 0 (the
     reference layout; the `single` policy has no C positions at all, so it differs anyway)."""
     cfg = small("perceiver", planted_store, tmp_path / "r")
-    data, policy, adapter = build_components(cfg, "train")
+    data, policy, adapter = build_components(cfg, "train", method=methods.get(cfg.method))
     rows = torch.arange(4)
     items, vectors, _ = data.batch(rows)
     prompts = policy.encode_prompts(items)

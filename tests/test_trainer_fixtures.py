@@ -68,9 +68,11 @@ def test_output_collab_puts_hints_in_the_prompt():
 
     cfg = resolve_config(None, dict(task="logic", team=None, experts=TINY, method="output_collab",
                                     budget="smoke", cache_dir=str(FIXTURES)))
+    from musketeers.method import methods
     from musketeers.run.build import expert_names_for
 
-    data = load_split(cfg, "train", expert_names_for(cfg), limit=3)
+    method = methods.get(cfg.method)
+    data = load_split(cfg, "train", expert_names_for(cfg, method), method=method, limit=3)
     assert data.vectors == [] and data.router is None
     assert all(HINTS_HEADER in it.question for it in data.items)
 
@@ -113,18 +115,20 @@ def test_bench_paired_steps_alternate_cached_and_live(tmp_path):
 def test_first_token_pooling_is_one_vector_per_expert_and_flagged():
     """Every fixture prompt starts with the same template or system tokens, so first_token
     pooling gives each expert one constant vector; last-token pooling does not."""
+    from musketeers.method import methods
     from musketeers.run.data import load_split
 
     def constant(pooling: str) -> list[str]:
         cfg = resolve_config(None, dict(task="logic", team=None, experts=TINY, method="perceiver",
                                         budget="smoke", cache_dir=str(FIXTURES), pooling=pooling))
-        return load_split(cfg, "train", TINY).constant_experts()
+        return load_split(cfg, "train", TINY, method=methods.get(cfg.method)).constant_experts()
 
     assert set(constant("first_token")) == set(TINY)
     assert constant("last") == []
     hints_only = resolve_config(None, dict(task="logic", team=None, experts=TINY, budget="smoke",
                                            method="output_collab", cache_dir=str(FIXTURES)))
-    assert load_split(hints_only, "train", TINY).constant_experts() == []  # no vectors read
+    assert load_split(hints_only, "train", TINY, method=methods.get(hints_only.method)
+                      ).constant_experts() == []  # no vectors read
 
 
 def test_evaluation_batches_by_length_and_keeps_the_split_order(tmp_path):

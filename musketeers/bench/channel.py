@@ -29,6 +29,7 @@ import torch
 
 from musketeers.bench import permuted
 from musketeers.config import resolve_config
+from musketeers.method import methods
 from musketeers.method.methods import derangement
 from musketeers.method.rollout import adapter_context, policy_score
 from musketeers.method.warmup import warm_up_adapter
@@ -72,9 +73,10 @@ def measure(cfg, eval_items: int, permute: bool, policy=None) -> tuple[dict, obj
     answers are also reported by the target's length, beside the constant answer. Returns
     the results and the policy, which the next channel reuses."""
     reuse = policy is not None and cfg.warmup_policy_lr == 0  # a fitted LoRA is not reused
+    method = methods.get(cfg.method)
     train, policy, adapter = build_components(
-        cfg, "train", policy_factory=(lambda _cfg: policy) if reuse else None)
-    val, _, _ = build_components(cfg, "val", limit=eval_items,
+        cfg, "train", method=method, policy_factory=(lambda _cfg: policy) if reuse else None)
+    val, _, _ = build_components(cfg, "val", method=method, limit=eval_items,
                                  policy_factory=lambda _cfg: policy)
     if permute:
         train, val = permuted.permute_targets(train, cfg.seed), permuted.permute_targets(

@@ -65,6 +65,7 @@ def child(params: dict[str, Any]) -> None:
 
     from musketeers.bench.train_bench import force_full_length
     from musketeers.config import resolve_config
+    from musketeers.method import methods
     from musketeers.run.build import build_components, make_optimizer
     from musketeers.run.trainer import train_step
     from musketeers.runtime.distributed import World
@@ -76,14 +77,16 @@ def child(params: dict[str, Any]) -> None:
         "policy": params["policy"], "cache_dir": params["cache_dir"], "device": "cpu",
         "run_dir": params["run_dir"], "steps": 1 + params["reps"], "dtype": params["dtype"]})
     world = World.from_env(cfg.device)
-    data, policy, adapter = build_components(cfg, "train")
+    method = methods.get(cfg.method)
+    data, policy, adapter = build_components(cfg, "train", method=method)
     force_full_length(policy)
-    optimizer, scheduler = make_optimizer(cfg, policy, adapter)
+    optimizer, scheduler = make_optimizer(cfg, policy, adapter, method)
     times = []
     for step in range(cfg.steps):
         world.barrier()  # every rank starts the step together: the slowest rank is the time
         t0 = time.perf_counter()
-        train_step(cfg, step, policy, adapter, data, optimizer, scheduler, world=world)
+        train_step(cfg, step, policy, adapter, data, optimizer, scheduler, method=method,
+                   world=world)
         times.append(time.perf_counter() - t0)
     if world.rank == 0:
         Path(params["out"]).write_text(json.dumps(

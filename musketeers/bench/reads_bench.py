@@ -48,13 +48,15 @@ def bench_reads(cache_dir: Path, n: int, reps: int, batch_rows: int,
     """Seconds to read the vectors, to load the whole split as a run does, and per lookup."""
     from musketeers.cache import reader
     from musketeers.config import TrainConfig
+    from musketeers.method import methods
     from musketeers.run.data import load_split
 
     names = write_store(cache_dir, n)
     vec_s = repeat(lambda: reader.read_vectors(cache_dir, TASK, "train", names, "last"), reps)
     cfg = TrainConfig(task=TASK, cache_dir=str(cache_dir))
-    load_s = repeat(lambda: load_split(cfg, "train", names), reps)
-    data = load_split(cfg, "train", names)
+    method = methods.get(cfg.method)
+    load_s = repeat(lambda: load_split(cfg, "train", names, method=method), reps)
+    data = load_split(cfg, "train", names, method=method)
     g = torch.Generator().manual_seed(0)
     per_lookup = []
     for _ in range(reps):

@@ -86,14 +86,16 @@ def run_steps(params: dict[str, Any]) -> dict[str, Any]:
     """
     from musketeers.bench.roofline import model_shape
     from musketeers.cache.devices import resolve_dtype
+    from musketeers.method import methods
     from musketeers.run.build import build_components, make_optimizer, team_specs
     from musketeers.run.trainer import train_step
 
     threads = set_threads()
     cfg = train_config(params)
-    data, policy, adapter = build_components(cfg, "train")
+    method = methods.get(cfg.method)
+    data, policy, adapter = build_components(cfg, "train", method=method)
     force_full_length(policy)
-    optimizer, scheduler = make_optimizer(cfg, policy, adapter)
+    optimizer, scheduler = make_optimizer(cfg, policy, adapter, method)
     source = None
     paired = bool(params.get("paired"))
     if params.get("live") or paired:
@@ -104,7 +106,7 @@ def run_steps(params: dict[str, Any]) -> dict[str, Any]:
         live = source is not None and (not paired or step % 2 == 1)
         before = source.seconds if live else 0.0
         t0 = time.perf_counter()
-        row = train_step(cfg, step, policy, adapter, data, optimizer, scheduler,
+        row = train_step(cfg, step, policy, adapter, data, optimizer, scheduler, method=method,
                          vector_source=source if live else None)
         times.append(time.perf_counter() - t0)
         lens.append(row["completion_len"])

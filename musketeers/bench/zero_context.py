@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-from musketeers.config import CONTEXT_POSITIONS, resolve_config
+from musketeers.config import resolve_config
+from musketeers.method.placement import CONTEXT_POSITIONS
 from musketeers.method.probe import first_token_kl
 from musketeers.run.build import build_policy
 from musketeers.tasks import build_items

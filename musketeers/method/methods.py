@@ -109,12 +109,6 @@ def get(name: str) -> Method:
         raise UserError(f"unknown method '{name}'; valid: {', '.join(REGISTRY)}") from None
 
 
-def resolve(cfg: Any, method: Method | None = None) -> Method:
-    """A run's method: ``method`` where the run's entry resolved it once and passed it down,
-    else ``cfg.method`` looked up (a caller outside a run: a benchmark, a test)."""
-    return method if method is not None else get(cfg.method)
-
-
 def ignored(method: Any) -> tuple[str, ...]:
     """Config fields that change nothing ``method`` computes (the registry's ``ignores``):
     dropped from its run name, its table group and its staleness check. Empty for a name the
@@ -123,12 +117,11 @@ def ignored(method: Any) -> tuple[str, ...]:
     return spec.ignores if spec else ()
 
 
-def token_channel(method: Method | str, channel: str) -> str | None:
+def token_channel(method: Method, channel: str) -> str | None:
     """The token channel (``tokens``, ``answer``) whose states ``method`` reads on ``channel``;
     None where it reads pooled vectors, no vectors or no expert, or computes the same on every
     channel (``zero_context``: its registry's ``ignores``). A run passes its resolved method."""
-    spec = method if isinstance(method, Method) else get(method)
-    if "vectors" not in spec.reads or not spec.uses_experts or "channel" in spec.ignores:
+    if "vectors" not in method.reads or not method.uses_experts or "channel" in method.ignores:
         return None
     return None if channel == POOLED else channel
 

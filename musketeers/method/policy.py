@@ -46,10 +46,10 @@ from torch import Tensor
 from musketeers.cache.backbone import pad
 from musketeers.cache.batching import length_batches
 from musketeers.cache.prompts import generation_prompt_len, render_prompt
-from musketeers.config import CONTEXT_POSITIONS
 from musketeers.method.chosen_logprobs import chosen_logprobs, chunked_head, hidden_out
 from musketeers.method.fast import fast_decode
 from musketeers.method.fast.sharing import cache_rows, common_head
+from musketeers.method.placement import CONTEXT_POSITIONS
 from musketeers.method.policy_model import (
     contiguous_input,
     target_modules,

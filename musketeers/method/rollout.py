@@ -19,20 +19,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 
 from musketeers.cache.errors import UserError
 from musketeers.cache.items import Item
-from musketeers.config import TrainConfig
 from musketeers.method import methods
 from musketeers.method.expert_tokens import ExpertInput
 from musketeers.method.grpo import compute_advantages, zero_variance_groups
 from musketeers.runtime.distributed import World
 from musketeers.runtime.seeds import derived_seed
 from musketeers.runtime.step_profile import decode_batches
+
+if TYPE_CHECKING:  # a type only: config imports the method's registries, never the reverse
+    from musketeers.config import TrainConfig
 
 # (step, tensor name, tensor) -> tensor: lets tests inject faults (NaN) at named points.
 FaultHook = Callable[[int, str, torch.Tensor], torch.Tensor]
@@ -231,7 +233,7 @@ def shuffle_within_groups(rewards: torch.Tensor, seed: int) -> torch.Tensor:
 
 
 def assign_advantages(cfg: TrainConfig, step: int, rollouts: list[Rollout],
-                      world: World | None = None, method: methods.Method | None = None
+                      method: methods.Method, world: World | None = None
                       ) -> tuple[bool, bool]:
     """Pass 2: advantages over the whole update (every micro-batch of every rank), and which
     groups enter the loss. The ``shuffled_reward`` control permutes each group's rewards
@@ -243,7 +245,7 @@ def assign_advantages(cfg: TrainConfig, step: int, rollouts: list[Rollout],
     mine = ([r.rewards for r in rollouts], [it.source for r in rollouts for it in r.items])
     gathered = world.all_gather(mine)
     rewards = torch.cat([t for ranks_rewards, _ in gathered for t in ranks_rewards])  # [B, G]
-    if methods.resolve(cfg, method).shuffle_rewards:
+    if method.shuffle_rewards:
         rewards = shuffle_within_groups(rewards, derived_seed(cfg.seed, _SHUFFLE_TAG, step))
     sources = [src for _, ranks_sources in gathered for src in ranks_sources]
     adv = compute_advantages(rewards, advantage=cfg.advantage, reward_norm=cfg.reward_norm,

@@ -12,14 +12,16 @@ only the train split's gold answers are read, never a validation item's.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from musketeers.config import TrainConfig
 from musketeers.method import methods
 from musketeers.method.rollout import Batches, adapter_context
 from musketeers.runtime.seeds import derived_seed
+
+if TYPE_CHECKING:  # a type only: config imports the method's registries, never the reverse
+    from musketeers.config import TrainConfig
 
 log = logging.getLogger("musketeers.method.warmup")
 _WARMUP_TAG = 0x3A2F  # derived_seed stream of the warm-up's item draws
@@ -41,11 +43,11 @@ def gold_nll(policy, adapter, data: Batches, rows: torch.Tensor, device: str
     return -(logp.sum() / mask.sum())
 
 
-def warms_up(cfg: TrainConfig, adapter, method: methods.Method | None = None) -> bool:
+def warms_up(cfg: TrainConfig, adapter, method: methods.Method) -> bool:
     """Whether this run gets the warm-up: the method trains, and the run has an adapter that
     learns or (``warmup_policy_lr``) a LoRA, so that Single gets the supervised steps Ours does."""
     learns = adapter is not None and any(p.requires_grad for p in adapter.parameters())
-    return (cfg.adapter_warmup > 0 and methods.resolve(cfg, method).trains
+    return (cfg.adapter_warmup > 0 and method.trains
             and (learns or cfg.warmup_policy_lr > 0))
 
 

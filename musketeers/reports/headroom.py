@@ -150,6 +150,7 @@ def measure_task(task: str, policy: str, experts: list[str], cache_dir: str | Pa
     """``task``'s row: the store's validation items the policy's evaluation scores (each
     question once, with a gold answer; the first ``limit``), every figure on those items."""
     from musketeers.config import TrainConfig
+    from musketeers.method import methods
     from musketeers.run.build import build_components
     from musketeers.run.data import scored_rows
     from musketeers.run.evaluate import greedy_samples
@@ -164,7 +165,8 @@ def measure_task(task: str, policy: str, experts: list[str], cache_dir: str | Pa
     items = [stored[r] for r in rows]
     cfg = TrainConfig(task=task, policy=policy, method="single", cache_dir=str(cache_dir),
                       device=device, team=None, experts=list(experts))
-    data, model, _ = build_components(cfg, "val", limit=limit, policy_factory=policy_factory)
+    data, model, _ = build_components(cfg, "val", method=methods.get(cfg.method), limit=limit,
+                                      policy_factory=policy_factory)
     if [it.id for it in data.items] != [it.id for it in items]:
         raise RuntimeError(f"{task}: the policy's items are not the experts' items")
     samples = greedy_samples(cfg, data, model, None, World.from_env(device), batch_size,

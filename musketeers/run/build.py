@@ -20,7 +20,6 @@ import torch
 
 from musketeers.cache.errors import UserError
 from musketeers.config import TrainConfig, torch_dtype_name
-from musketeers.method import methods
 from musketeers.method.methods import Method, build_adapter
 from musketeers.run.data import load_split
 
@@ -91,10 +90,10 @@ def team_specs(cfg: TrainConfig) -> list:
     return run_team(cfg.team, cfg.roster, cfg.experts, cfg.team_file)
 
 
-def expert_names_for(cfg: TrainConfig, method: Method | None = None) -> list[str]:
+def expert_names_for(cfg: TrainConfig, method: Method) -> list[str]:
     """The team's expert names (stores are keyed by them); none for a method that reads no
     expert (``single``)."""
-    if not methods.resolve(cfg, method).uses_experts:
+    if not method.uses_experts:
         return []
     return [s.name for s in team_specs(cfg)]
 
@@ -105,12 +104,10 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_components(cfg: TrainConfig, split: str, *, limit: int | None = None,
-                     policy_factory: PolicyFactory | None = None,
-                     method: Method | None = None):
+def build_components(cfg: TrainConfig, split: str, *, method: Method, limit: int | None = None,
+                     policy_factory: PolicyFactory | None = None):
     """(data, policy, adapter) of a run, deterministic in ``cfg.seed``. ``method``: the run's,
-    resolved once by its entry (looked up here when not given)."""
-    method = methods.resolve(cfg, method)
+    resolved once by its entry."""
     data = load_split(cfg, split, expert_names_for(cfg, method), limit=limit, method=method)
     seed_everything(cfg.seed)
     policy = (policy_factory or build_policy)(cfg)
@@ -136,13 +133,13 @@ def build_components(cfg: TrainConfig, split: str, *, limit: int | None = None,
     return data, policy, adapter
 
 
-def make_optimizer(cfg: TrainConfig, policy, adapter, method: Method | None = None):
+def make_optimizer(cfg: TrainConfig, policy, adapter, method: Method):
     """AdamW with separate learning rates for LoRA (θ) and the adapter (φ); a LambdaLR.
 
     A method that does not train (``untrained``) gets learning rate 0 for both: with lr 0
     AdamW's step and its decoupled weight decay (a factor 1 - lr·λ) leave every weight as is,
     and the run still samples, logs and checkpoints like any other."""
-    trains = methods.resolve(cfg, method).trains
+    trains = method.trains
     groups = [{"params": [p for p in policy.model.parameters() if p.requires_grad],
                "lr": cfg.lr if trains else 0.0}]
     adapter_params = list(adapter.parameters()) if adapter is not None else []

@@ -136,7 +136,7 @@ def scored_rows(items: list[Item]) -> list[int]:
 
 
 def load_split(cfg: TrainConfig, split: str, expert_names: list[str],
-               limit: int | None = None, method: Method | None = None) -> SplitData:
+               *, method: Method, limit: int | None = None) -> SplitData:
     """Read ``split`` of ``cfg.task`` for the run's method, once: what the method's registry
     entry says it reads (``musketeers.method.methods``).
 
@@ -146,7 +146,6 @@ def load_split(cfg: TrainConfig, split: str, expert_names: list[str],
     another row (a seeded derangement, the same for every split of the run). A method that
     computes the same on every channel (``zero_context``) reads the pooled vectors.
     """
-    method = methods.resolve(cfg, method)
     names = list(expert_names) if method.uses_experts else []
     channel = methods.token_channel(method, cfg.channel) or POOLED
     # the experts' arrays first: a missing store's error then names the team's experts

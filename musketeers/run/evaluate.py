@@ -68,7 +68,7 @@ def _check_before(cfg, method: Method, run_dir: Path, again: str, unverified: bo
     _intact_last(run_dir, unverified)
     runfolder.check_config(cfg, run_dir)  # a config.yaml edited since training is not its run
     # as --resume does: never score on a replaced store
-    runfolder.check_store(cfg, run_dir, method=method)
+    runfolder.check_store(cfg, run_dir, runfolder.store_fingerprints(cfg, method))
     # a folder it cannot write is refused now, not after the whole evaluation has run
     runfolder.check_writable(run_dir, again)
 

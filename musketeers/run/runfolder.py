@@ -156,13 +156,13 @@ def is_finished(run_dir: Path) -> bool:
     return steps is not None and int(summary.get("steps") or 0) >= int(steps)
 
 
-def store_fingerprints(cfg: TrainConfig, experts: list[str], method: Method | None = None
-                       ) -> dict[str, Any]:
-    """The fingerprints of what the run reads, from the store attrs (None where absent)."""
+def store_fingerprints(cfg: TrainConfig, method: Method) -> dict[str, Any]:
+    """The fingerprints of what the run reads (its team's experts, none for a method that
+    reads no expert), from the store attrs (None where absent)."""
     path = store_path(cfg.cache_dir, cfg.task)
+    experts = expert_names_for(cfg, method)
     found: dict[str, Any] = {"cache_dir": str(cfg.cache_dir), "items": None,
                              "experts": dict.fromkeys(experts)}
-    method = methods.resolve(cfg, method)
     if "router" in method.reads:  # the registry says, not a method's name
         found["router"] = None
     channel = methods.token_channel(method, cfg.channel)
@@ -198,8 +198,7 @@ def _differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
     return diffs
 
 
-def prepare(cfg: TrainConfig, run: Path, resume: bool, method: Method | None = None
-            ) -> dict[str, Any]:
+def prepare(cfg: TrainConfig, run: Path, resume: bool, method: Method) -> dict[str, Any]:
     """The start / resume decision and the store check, before any model loads; returns the
     store fingerprints ``begin`` records."""
     if not resume and has_run(run):
@@ -207,8 +206,7 @@ def prepare(cfg: TrainConfig, run: Path, resume: bool, method: Method | None = N
                         "step 0 if it has no checkpoint yet) or another --run-dir")
     if resume and not has_run(run):
         raise UserError(f"nothing to resume in {run} (no run there); start it without --resume")
-    method = methods.resolve(cfg, method)
-    now = store_fingerprints(cfg, expert_names_for(cfg, method), method)
+    now = store_fingerprints(cfg, method)
     if not resume:
         return now
     if (run / "config.yaml").is_file():
@@ -224,11 +222,10 @@ def prepare(cfg: TrainConfig, run: Path, resume: bool, method: Method | None = N
     return now
 
 
-def check_channel(saved: TrainConfig, cfg: TrainConfig, run: Path,
-                  method: Method | None = None) -> None:
+def check_channel(saved: TrainConfig, cfg: TrainConfig, run: Path, method: Method) -> None:
     """Refuse to resume ``run`` on another channel or token layer than it recorded (a run
     from before channels read the pooled vectors): the adapter's weights fit what it read."""
-    if "channel" in methods.resolve(cfg, method).ignores:
+    if "channel" in method.ignores:
         return
     was = (saved.channel, saved.token_layer if saved.channel != "pooled" else None)
     now = (cfg.channel, cfg.token_layer if cfg.channel != "pooled" else None)
@@ -239,10 +236,10 @@ def check_channel(saved: TrainConfig, cfg: TrainConfig, run: Path,
                         f"--channel {cfg.channel}")
 
 
-def check_store(cfg: TrainConfig, run: Path, now: dict[str, Any] | None = None,
-                method: Method | None = None) -> bool:
+def check_store(cfg: TrainConfig, run: Path, now: dict[str, Any]) -> bool:
     """Refuse a store that is not the one ``run`` trained on (resume and eval alike); False
-    when the run recorded no fingerprints to compare with."""
+    when the run recorded no fingerprints to compare with. ``now``: the store's fingerprints
+    as the run reads them today (``store_fingerprints``)."""
     saved_path = run / FINGERPRINTS
     if not saved_path.is_file():
         return False
@@ -253,9 +250,6 @@ def check_store(cfg: TrainConfig, run: Path, now: dict[str, Any] | None = None,
     except (ValueError, UnicodeDecodeError) as exc:
         raise UserError(f"{saved_path} is unreadable ({exc}); restore it from the published "
                         f"copy of the run, or start a new --run-dir") from None
-    if now is None:
-        method = methods.resolve(cfg, method)
-        now = store_fingerprints(cfg, expert_names_for(cfg, method), method)
     diffs = _differences(saved, now)
     if diffs:
         where = store_path(cfg.cache_dir, cfg.task)

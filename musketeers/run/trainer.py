@@ -77,9 +77,9 @@ def _first_bad_grad(policy, adapter) -> str:
 
 
 def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, optimizer,
-               scheduler, fault: FaultHook | None = None,
+               scheduler, *, method: Method, fault: FaultHook | None = None,
                vector_source: VectorSource | None = None,
-               world: World | None = None, method: Method | None = None) -> dict[str, Any]:
+               world: World | None = None) -> dict[str, Any]:
     """One GRPO update (μ inner iterations over ``grad_accum`` micro-batches); its metrics.
 
     An update in which no group carries a non-zero advantage is skipped (``skip_no_signal``,
@@ -89,10 +89,9 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
 
     ``world``: this rank samples its contiguous share of the update's prompts, in
     micro-batches of ``prompts_per_micro``; the ranks' gradients are summed before the step.
-    ``method``: the run's, resolved once by its entry (looked up here when not given).
+    ``method``: the run's, resolved once by its entry.
     """
     world = world or World()
-    method = methods.resolve(cfg, method)
     t0 = time.perf_counter()
     b = cfg.prompts_per_micro
     rows = epoch_rows(len(data), cfg.seed, step, b * cfg.grad_accum)
@@ -104,7 +103,7 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
         rollouts = sample(cfg, step, policy, adapter, data,
                           [(rows[i:min(i + b, mine.stop)], list(range(i, min(i + b, mine.stop))))
                            for i in range(mine.start, mine.stop, b)], fault, vector_source)
-    any_kept, signal = assign_advantages(cfg, step, rollouts, world, method)
+    any_kept, signal = assign_advantages(cfg, step, rollouts, method, world)
     # before the update, so it compares with this step's reward_mean (same weights, prompts)
     without_c = None
     if adapter is not None and cfg.no_context_every and step % cfg.no_context_every == 0:
@@ -307,8 +306,8 @@ def _train(cfg: TrainConfig, resume: bool, policy_factory: PolicyFactory | None,
     with bar_cm as bar, _metrics_file(run, lead) as out:
         for step in range(start, end):
             row = train_step(cfg, step, policy, adapter, data, optimizer, scheduler,
-                             fault=fault, vector_source=vector_source, world=world,
-                             method=method)
+                             method=method, fault=fault, vector_source=vector_source,
+                             world=world)
             if lead:
                 with runfolder.disk_errors(run):
                     out.write(json.dumps(row) + "\n")
