@@ -83,13 +83,15 @@ def oracle(
     eval_items: Annotated[int | None, typer.Option(help="validation items both arms are "
                                                    "graded on")] = None,
     seed: Annotated[int, typer.Option(help="the seed both arms share")] = 0,
+    pooling: Annotated[str, typer.Option(
+        help="which of the oracle's stored vectors C reads (default: layer:12)")] = "",
     cache_dir: Annotated[Path | None, typer.Option(
         help="stores root (env MUSKETEERS_CACHE_DIR; ./stores)")] = None,
     runs: Annotated[Path, typer.Option(help="where the two runs go")] = Path("runs"),
 ) -> None:
     """Ours with C from an oracle expert against its shuffled-experts control, same seed.
 
-    Defaults (musketeers.checks.oracle_demo): SmolLM2-135M policy on rg:count_bits@direct, a
+    Defaults (musketeers.checks.oracle_demo): SmolLM2-135M policy on count_bits over 1-255, a
     SmolLM2 oracle that reads the gold answer; prints each arm's exact on the same validation
     items, the paired difference with its 95 % interval, and the best constant answer's exact.
     Re-running with the same settings reuses the runs.
@@ -104,7 +106,8 @@ def oracle(
               warmup=od.WARMUP if warmup is None else warmup,
               steps=od.STEPS if steps is None else steps,
               eval_items=od.EVAL_ITEMS if eval_items is None else eval_items)
-    comparison, const = od.run_demo(**kw, seed=seed, cache_dir=cache_dir, runs=runs)
+    comparison, const = od.run_demo(**kw, seed=seed, cache_dir=cache_dir, runs=runs,
+                                    pooling=pooling or od.POOLING)
     for line in od.report(comparison, const, task=kw["task"], warmup=kw["warmup"],
                           steps=kw["steps"], seed=seed, policy=kw["policy"],
                           minutes=(time.monotonic() - start) / 60):

@@ -58,7 +58,7 @@ def test_oracle_demo_end_to_end_on_tiny_models(tmp_path: Path) -> None:
     team = tmp_path / "oracle.team.yaml"
     team.write_text("experts: [oracle-tiny-llama]\n")
     args = ["demo", "oracle", "--team-file", str(team), "--policy", "tiny", "--limit", "8",
-            "--warmup", "2", "--steps", "1", "--eval-items", "8",
+            "--warmup", "2", "--steps", "1", "--eval-items", "8", "--pooling", "last",
             "--cache-dir", str(tmp_path / "stores"), "--runs", str(tmp_path / "runs")]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
@@ -75,3 +75,28 @@ def test_oracle_demo_end_to_end_on_tiny_models(tmp_path: Path) -> None:
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 0, again.output
     assert [s.stat().st_mtime_ns for s in samples] == before  # reused, not re-evaluated
+    # fewer items graded: the same trained runs, evaluated again
+    at = args.index("--eval-items")
+    fewer = CliRunner().invoke(app, [*args[:at], "--eval-items", "6", *args[at + 2:]])
+    assert fewer.exit_code == 0, fewer.output
+    assert sorted(r for r in (tmp_path / "runs").iterdir() if r.is_dir()) == runs
+    assert [len(s.read_text().splitlines()) for s in samples] == [6, 6]
+
+
+def test_the_constant_baseline_finds_graded_items_past_a_repeated_question(
+        tmp_path: Path) -> None:
+    """The demo's task draws numbers 1-255, so val repeats questions and the graded items
+    (each question once, ``scored_rows``) reach past the first n val items. The baseline
+    looks them up among the precomputed ones and scores the train split's commonest gold."""
+    from musketeers.checks.oracle_demo import TASK, constant_baseline
+    from musketeers.run.data import scored_rows
+    from musketeers.tasks import build_items
+
+    val = build_items(TASK, "val", limit=64)
+    graded = [val[i] for i in scored_rows(val)][:16]
+    assert val.index(graded[-1]) >= len(graded)  # a repeat pushed the 16th past row 16
+    samples = _samples(tmp_path / "s.jsonl", [0.0] * len(graded), [it.id for it in graded])
+    const, exact = constant_baseline(TASK, samples, 64)
+    train = [it.answer for it in build_items(TASK, "train", limit=64)]
+    assert const == max(set(train), key=train.count)
+    assert exact == pytest.approx(100 * sum(it.answer == const for it in graded) / len(graded))

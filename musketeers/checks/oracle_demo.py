@@ -2,16 +2,16 @@
 
 An oracle expert (SmolLM2-135M reading the question followed by "The answer is {gold}.",
 cache/prompts.oracle_view) is the one expert that surely knows each answer. On a task the
-policy cannot compute (``rg:count_bits@direct``: how many 1 bits a number has), a policy that
-learns to read C gains only through C. Two runs of the SmolLM2-135M policy on the same seed,
-with the same supervised warm-up (φ and the LoRA fitted to gold answers of train items) and
-the same few GRPO steps, differ in one thing: Ours reads each item's own oracle vectors, its
-``shuffled_experts`` control another item's. Both are graded greedily on the same validation
-items, and the comparison is paired item by item (``compare``): each arm's exact, the
-difference with its 95 % interval, McNemar's exact test on the items where the arms disagree,
-and the smallest effect this many items could detect. The task's best constant answer is
-printed beside them. One seed, so the interval holds the items' noise only: a demo, not a
-claim (the pocket-positive grid makes the claim over seeds).
+policy cannot compute (``oracle_demo.task.yaml``: how many 1 bits a number of 1-255 has), a
+policy that learns to read C gains only through C. Two runs of the SmolLM2-135M policy on
+the same seed, with the same supervised warm-up (φ and the LoRA fitted to gold answers of
+train items) and the same GRPO step, differ in one thing: Ours reads each item's own oracle
+vectors, its ``shuffled_experts`` control another item's. Both are graded greedily on the
+same validation items, and the comparison is paired item by item (``compare``): each arm's
+exact, the difference with its 95 % interval, McNemar's exact test on the items where the
+arms disagree, and the smallest effect this many items could detect. The task's best
+constant answer is printed beside them. One seed, so the interval holds the items' noise
+only: a demo, not a claim (the pocket-positive grid makes the claim over seeds).
 """
 
 from __future__ import annotations
@@ -24,34 +24,41 @@ from typing import Any
 from musketeers.cache.errors import UserError
 from musketeers.config import TrainConfig, resolve_config
 
-TASK = "rg:count_bits@direct"
+# count_bits on numbers 1-255: every answer one digit, and the 135M policy cannot count bits
+TASK = str(Path(__file__).with_name("oracle_demo.task.yaml"))
 TEAM_FILE = Path(__file__).with_name("oracle_demo.team.yaml")
 POLICY = "smollm2"
 OURS, CONTROL = "perceiver", "shuffled_experts"
 ARMS = (OURS, CONTROL)
 
-# The regime, sized on a shared 2-core CPU (docs/benchmarks-history.md, "the demo's main
-# job"): pocket-positive's reader (standardised vectors, C at the embeddings' scale, φ and the
-# LoRA fitted together by supervision), shrunk to minutes for the 135M policy.
-LIMIT = 192  # items per split precomputed; the warm-up draws from the train split
-EVAL_ITEMS = 64
-WARMUP = 24
-STEPS = 2
+# The regime (docs/benchmarks-history.md, "the demo's main job"): pocket-positive's reader
+# (standardised vectors, C at the embeddings' scale, φ and the LoRA fitted together by
+# supervision), sized for the 135M policy on an idle 2-core CPU. Fewer than ~100 warm-up steps
+# or φ's lr under 1e-2 left this policy answering the answers' prior whatever C said.
+LIMIT = 128  # items per split precomputed; the warm-up draws from the train split
+EVAL_ITEMS = 68  # every question of the 128 val items once (count_bits repeats numbers)
+WARMUP = 150
+STEPS = 1
+# the oracle's layer-12 state holds the gold digit for a linear probe on 98 % of items, its
+# last layer's on 87 %
+POOLING = "layer:12"
 REGIME: dict[str, Any] = dict(
-    latents=8, pooling="last", standardize_experts=True, context_scale="embedding",
-    adapter_warmup_batch=8, adapter_warmup_lr=1e-3, warmup_policy_lr=3e-4,
+    latents=8, standardize_experts=True, context_scale="embedding",
+    adapter_warmup_batch=8, adapter_warmup_lr=1e-2, warmup_policy_lr=1e-3,
     prompts_per_micro=4, grad_accum=1, group_size=4, max_new_tokens=8,
     extraction="lenient", dtype="float32", device="cpu")
 
 
-def demo_config(method: str, *, seed: int, warmup: int, steps: int, eval_items: int,
-                cache_dir: Path, run_dir: Path, task: str = TASK, policy: str = POLICY,
-                team_file: Path = TEAM_FILE, **overrides: Any) -> TrainConfig:
-    """One arm's TrainConfig: the demo's regime with the arm's method."""
-    values = dict(REGIME, task=task, team=None, team_file=str(team_file), method=method,
-                  policy=policy, budget="smoke", seed=seed, cache_dir=str(cache_dir),
+def demo_config(method: str, *, seed: int, warmup: int, steps: int, cache_dir: Path,
+                run_dir: Path, task: str = TASK, policy: str = POLICY,
+                team_file: Path = TEAM_FILE, pooling: str = POOLING,
+                **overrides: Any) -> TrainConfig:
+    """One arm's TrainConfig: the demo's regime with the arm's method. How many items are
+    graded is no part of it, so another --eval-items re-evaluates the same trained run."""
+    values = dict(REGIME, task=task, pooling=pooling, team=None, team_file=str(team_file),
+                  method=method, policy=policy, budget="smoke", seed=seed, cache_dir=str(cache_dir),
                   run_dir=str(run_dir), steps=steps, adapter_warmup=warmup,
-                  save_every=steps, eval_limit=eval_items)
+                  save_every=steps)
     values.update(overrides)
     return resolve_config(None, values)
 
@@ -67,7 +74,8 @@ def run_arm(cfg: TrainConfig, eval_items: int) -> Path:
     result, samples = (run_dir / f for f in eval_files(True))
     if _evaluated(result, samples, eval_items):
         return samples
-    train(cfg, resume=(run_dir / "config.yaml").is_file(), plot=False)
+    if not (run_dir / "summary.json").is_file():  # written when the run finishes
+        train(cfg, resume=(run_dir / "config.yaml").is_file(), plot=False)
     evaluate(run_dir, limit=eval_items)
     return samples
 
@@ -130,18 +138,21 @@ def compare(ours: Path, control: Path) -> Comparison:
                       mde(p.se, df) if p.se > 0 else None, only_a, only_b, pval)
 
 
-def constant_baseline(task: str, samples: Path, train_limit: int) -> tuple[str, float]:
+def constant_baseline(task: str, samples: Path, limit: int) -> tuple[str, float]:
     """The best constant answer (the train split's most common gold) and its exact, %, on
-    the items of ``samples``: what a policy scores that ignores every question."""
+    the items of ``samples``: what a policy scores that ignores every question. ``limit`` is
+    the items per split precomputed: the graded items are among the first ``limit`` of val
+    (each question once, so not always the first ones)."""
     from musketeers.tasks import build_items
     from musketeers.tasks.forgeries import best_scores, constant_answers
 
     ids = [json.loads(line)["id"] for line in samples.read_text("utf-8").splitlines()]
-    val = {it.id: it for it in build_items(task, "val", limit=len(ids))}
+    val = {it.id: it for it in build_items(task, "val", limit=limit)}
     if set(ids) - set(val):
-        raise UserError(f"{samples} grades items that are not {task}'s first validation items; "
+        raise UserError(f"{samples} grades items that are not among {task}'s first {limit} "
+                        "validation items; "
                         "evaluate the run again: musketeers demo oracle")
-    consts = constant_answers(build_items(task, "train", limit=train_limit))
+    consts = constant_answers(build_items(task, "train", limit=limit))
     if len(set(consts.values())) != 1:  # one dataset here; a mix would need one per source
         raise UserError(f"{task} mixes datasets; the demo's baseline needs a single one")
     const = next(iter(consts.values()))
@@ -152,11 +163,12 @@ def constant_baseline(task: str, samples: Path, train_limit: int) -> tuple[str, 
 def report(c: Comparison, const: tuple[str, float], *, task: str, warmup: int, steps: int,
            seed: int, policy: str = POLICY, minutes: float | None = None) -> list[str]:
     """What a newcomer reads: each arm, the difference with its interval, and what it means."""
+    task = Path(task).name if task.endswith((".yaml", ".yml")) else task  # a task file: its name
     mde_text = f"{c.mde:.1f}" if c.mde is not None else "undefined (the arms disagree on no item)"
     lines = [
         f"oracle demo: the {policy} policy on {task}, seed {seed}, {warmup} supervised "
-        f"warm-up steps then {steps} GRPO steps per arm; greedy exact on the same {c.n} "
-        "validation items",
+        f"warm-up steps then {steps} GRPO step{'s' * (steps != 1)} per arm; greedy exact on "
+        f"the same {c.n} validation items",
         f"  Ours, C from the oracle's vectors of the item itself   {c.ours:5.1f} %",
         f"  control, C from another item's vectors (shuffled)     {c.control:5.1f} %",
         f"  best constant answer, {const[0]!r} to every question          {const[1]:5.1f} %",
@@ -212,7 +224,8 @@ def run_name(cfg: TrainConfig) -> str:
 def run_demo(*, task: str = TASK, team_file: Path = TEAM_FILE, policy: str = POLICY,
              limit: int = LIMIT, warmup: int = WARMUP, steps: int = STEPS,
              eval_items: int = EVAL_ITEMS, seed: int = 0, cache_dir: Path | str | None = None,
-             runs: Path = Path("runs")) -> tuple[Comparison, tuple[str, float]]:
+             runs: Path = Path("runs"), pooling: str = POOLING
+             ) -> tuple[Comparison, tuple[str, float]]:
     """Precompute the oracle's vectors (skipped where stored), train and evaluate both arms
     on one seed, and compare them on the same validation items."""
     from musketeers.run.features import cache_root, precompute_features
@@ -222,9 +235,9 @@ def run_demo(*, task: str = TASK, team_file: Path = TEAM_FILE, policy: str = POL
                         dtype="float32", router=False)
     samples = {}
     for method in ARMS:
-        cfg = demo_config(method, seed=seed, warmup=warmup, steps=steps, eval_items=eval_items,
+        cfg = demo_config(method, seed=seed, warmup=warmup, steps=steps,
                           cache_dir=cache_root(cache_dir), run_dir=Path(runs), task=task,
-                          policy=policy, team_file=team_file)
+                          policy=policy, team_file=team_file, pooling=pooling)
         cfg = replace(cfg, run_dir=str(Path(runs) / run_name(cfg)))
         samples[method] = run_arm(cfg, eval_items)
     return (compare(samples[OURS], samples[CONTROL]),
