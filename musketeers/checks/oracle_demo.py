@@ -67,6 +67,7 @@ def run_arm(cfg: TrainConfig, eval_items: int) -> Path:
     """Train (or resume, or reuse) one arm and evaluate it on ``eval_items`` val items;
     returns its samples file. A finished run with an evaluation of this size is reused."""
     from musketeers.run.evaluate import evaluate
+    from musketeers.run.runfolder import is_finished
     from musketeers.run.runlog import eval_files
     from musketeers.run.trainer import train
 
@@ -74,7 +75,7 @@ def run_arm(cfg: TrainConfig, eval_items: int) -> Path:
     result, samples = (run_dir / f for f in eval_files(True))
     if _evaluated(result, samples, eval_items):
         return samples
-    if not (run_dir / "summary.json").is_file():  # written when the run finishes
+    if not is_finished(run_dir):  # a stopped arm resumes; a finished one is only graded again
         train(cfg, resume=(run_dir / "config.yaml").is_file(), plot=False)
     evaluate(run_dir, limit=eval_items)
     return samples
