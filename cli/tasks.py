@@ -122,15 +122,18 @@ def headroom(
         help="keep the rows already in OUT (another pairing's); a task and policy measured "
              "again replace their row")] = False,
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+    warmup_grid: Annotated[Path | None, typer.Option(
+        help="also measure the policy after this grid's supervised warm-up, as its Single arm "
+             "gets it (needs the store's train split); without it: not measured")] = None,
 ) -> None:
     """Where can an expert help, before training: per task, the shortcuts, the policy's
-    untrained greedy exact, each expert's own exact and answer probes, and the headroom (the
-    share of items an expert answers right where the policy is wrong). The policy's exact
-    after the supervised warm-up is not measured here (shown as such)."""
+    greedy exact (untrained, and after a grid's warm-up with --warmup-grid), each expert's own
+    exact and answer probes, and the headroom (the share of items an expert answers right
+    where the policy is wrong), against the untrained and the warmed-up policy."""
     from rich.table import Table
 
     from musketeers.cache.progress import console as rich_console
-    from musketeers.reports.headroom import measure_task
+    from musketeers.reports.headroom import measure_task, warmup_config
     from musketeers.reports.headroom_report import (
         RESULT_FILE,
         cells,
@@ -152,7 +155,10 @@ def headroom(
     if not specs:
         raise UserError("no real expert to measure: pass --team or --experts")
     root = cache_root(cache_dir)
-    rows = [measure_task(t, policy, specs, root, limit, device=device) for t in task]
+    warmups = {t: warmup_config(warmup_grid, t, policy, root, device) if warmup_grid else None
+               for t in task}  # a bad grid is named before any model loads
+    rows = [measure_task(t, policy, specs, root, limit, device=device, warmup=warmups[t])
+            for t in task]
     if append and (out / RESULT_FILE).is_file():
         mine = {(r.task, r.policy) for r in rows}
         rows = [r for r in read_rows(out / RESULT_FILE) if (r.task, r.policy) not in mine] + rows

@@ -12,8 +12,16 @@ from test_shard import run_cli
 
 from musketeers.cache import from_memory, layout
 from musketeers.cache import store as st
+from musketeers.cache.errors import UserError
 from musketeers.cache.items import items_fingerprint
-from musketeers.reports.headroom import ANY, headroom, measure_task, team_headroom
+from musketeers.reports.headroom import (
+    ANY,
+    POSITIVE_GRID,
+    headroom,
+    measure_task,
+    team_headroom,
+    warmup_config,
+)
 from musketeers.reports.headroom_report import columns, markdown, read_rows, write_report
 from musketeers.tasks import build_items, task_spec
 
@@ -150,3 +158,39 @@ def test_precompute_split_val_builds_the_store_headroom_reads(tmp_path, monkeypa
     info = describe(st.store_path(tmp_path, TASK))
     assert {u.split for u in info.units} == {"val"}
     assert [u.hint_accuracy is not None for u in info.units] == [True]
+
+
+def test_the_warmed_columns_grade_the_policy_after_the_grids_warm_up(tmp_path, monkeypatch):
+    build_store(tmp_path, scores=[0.0, 1.0, 1.0])  # the expert is right on {1, 2}
+    calls = []
+
+    def warm_up(cfg, policy, adapter, data):  # the real one fits the LoRA; this one teaches all
+        calls.append((cfg.task, cfg.adapter_warmup, cfg.warmup_policy_lr, adapter, len(data)))
+        policy.right = {0, 1, 2}
+
+    monkeypatch.setattr("musketeers.method.warmup.warm_up_adapter", warm_up)
+    cfg = warmup_config(POSITIVE_GRID, TASK, "tiny", tmp_path)
+    assert (cfg.method, cfg.adapter_warmup, cfg.adapter_warmup_batch) == ("single", 80, 8)
+    row = measure_task(TASK, "tiny", [EXPERT], tmp_path, N, warmup=cfg,
+                       policy_factory=lambda c: StubPolicy(set()))
+    assert calls == [(TASK, 80, pytest.approx(1e-4), None, N)]  # train split, no adapter
+    assert row.policy_right == [False] * N  # the untrained column is a fresh policy
+    assert row.headroom[ANY] == pytest.approx(2 / 3)
+    assert row.warmup_right == [True] * N and row.warmup_exact == 1.0
+    assert row.warmup_headroom == {EXPERT: 0.0, ANY: 0.0}  # the warm-up taught what it knew
+    head = columns([row])
+    cell = dict(zip(head, [c.strip() for c in markdown([row]).splitlines()[2].strip("|")
+                           .split("|")], strict=True))
+    assert cell["policy after warm-up"] == "100.0"
+    assert cell[f"headroom after warm-up ({ANY})"] == "0.0"
+    assert read_rows(write_report([row], tmp_path / "out", plot=False)[0]) == [row]
+
+
+def test_a_grid_without_a_warmed_single_arm_is_refused(tmp_path):
+    grid = tmp_path / "g.yaml"
+    grid.write_text("budget: smoke\ntasks: {t: logic}\nruns:\n  - {task: logic, method: single}\n")
+    with pytest.raises(UserError, match="no supervised warm-up"):
+        warmup_config(grid, TASK, "tiny", tmp_path)
+    grid.write_text("budget: smoke\nruns:\n  - {task: logic, method: perceiver}\n")
+    with pytest.raises(UserError, match="no Single arm"):
+        warmup_config(grid, TASK, "tiny", tmp_path)

@@ -1,13 +1,15 @@
 """Where can an expert help? Per task, before any training, on the same validation items:
 
 * the shortcuts' exact (the best constant answer, the copied input: ``tasks.forgeries``);
-* the policy's own greedy exact, untrained (``run.evaluate.greedy_samples``, no C);
+* the policy's own greedy exact, untrained (``run.evaluate.greedy_samples``, no C), and,
+  where asked, after a grid's supervised warm-up as its Single arm gets it (``warmup_config``);
 * each expert's own greedy exact: its stored hints' scores under the task's scorer
   (``precompute --hints``);
 * each expert's linear-probe accuracy for the gold answer (as a class, and its last digit)
   on each channel the store holds (pooled ``last``; the token channels' mean over tokens);
 * the **headroom**: the share of items one expert answers right where the policy is wrong,
-  per expert and for any expert of the team.
+  per expert and for any expert of the team; and the same against the warmed-up policy, the
+  room that is left once the supervised warm-up every arm gets has taught what it can.
 
 A real expert can only teach what it knows and the policy does not: a task without headroom
 gives a null result that was certain before training.
@@ -16,7 +18,7 @@ gives a null result that was certain before training.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +29,7 @@ from musketeers.cache.items import Item
 ANY = "any expert"
 POOLED_PROBE = "last"  # the pooling the pooled channel's probe reads (the method's default)
 TARGETS = ("gold answer", "answer_last_digit")
+POSITIVE_GRID = "musketeers/configs/ablations/pocket-positive.yaml"  # the standard warm-up's
 
 
 @dataclass
@@ -58,6 +61,8 @@ class TaskHeadroom:
     ids: list[str] = field(default_factory=list)
     policy_right: list[bool] = field(default_factory=list)
     expert_right: dict[str, list[bool]] = field(default_factory=dict)
+    warmup_right: list[bool] | None = None  # the warmed-up policy's, item by item
+    warmup_headroom: dict[str, float] | None = None  # per expert and ANY, against it
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -144,11 +149,57 @@ def probe_cells(vectors: dict[tuple[str, str], np.ndarray], items: list[Item]
     return cells
 
 
+def warmup_config(grid: str | Path, task: str, policy: str, cache_dir: str | Path,
+                  device: str = "cpu"):
+    """The TrainConfig of ``grid``'s Single arm (its first seed), moved to ``task`` and
+    ``policy``: the supervised warm-up every arm of that grid gets, with no GRPO step after
+    it. A grid whose Single arm has no warm-up is a UserError."""
+    from musketeers.config import resolve_config
+    from musketeers.design.gridspec import load_grid
+
+    singles = [r for r in load_grid(grid).runs if r.fields.get("method") == "single"]
+    if not singles:
+        raise UserError(f"grid {grid} has no Single arm to copy the warm-up from; pass a grid "
+                        "with method single, e.g. " + POSITIVE_GRID)
+    fields = {**singles[0].fields, "task": task, "policy": policy, "cache_dir": str(cache_dir),
+              "device": device, "team": None, "experts": None, "team_file": None}
+    cfg = resolve_config(None, fields)
+    if cfg.adapter_warmup <= 0 or cfg.warmup_policy_lr <= 0:
+        raise UserError(f"grid {grid}: its Single arm has no supervised warm-up "
+                        "(adapter_warmup and warmup_policy_lr > 0); pass a grid that has one")
+    return cfg
+
+
+def warmed_policy_right(cfg, ids: list[str], *, batch_size: int = 64,
+                        policy_factory=None) -> list[bool]:
+    """The policy's greedy right/wrong on the validation items ``ids`` after ``cfg``'s
+    supervised warm-up on the train split (``method.warmup``; no C, the LoRA alone)."""
+    from musketeers.method import methods
+    from musketeers.method.warmup import warm_up_adapter
+    from musketeers.run.build import build_components
+    from musketeers.run.data import load_split
+    from musketeers.run.evaluate import greedy_samples
+    from musketeers.runtime.distributed import World
+
+    single = methods.get("single")
+    val = load_split(cfg, "val", [], method=single, limit=len(ids))
+    if [it.id for it in val.items] != ids:
+        raise RuntimeError(f"{cfg.task}: the warmed policy's items are not the experts' items")
+    train, model, _ = build_components(cfg, "train", method=single,
+                                       policy_factory=policy_factory)
+    warm_up_adapter(cfg, model, None, train)
+    samples = greedy_samples(cfg, val, model, None, World.from_env(cfg.device), batch_size,
+                             f"headroom {cfg.task} after warm-up")
+    return [s["score"] >= 1.0 for s in samples]
+
+
 def measure_task(task: str, policy: str, experts: list[str], cache_dir: str | Path,
                  limit: int | None, *, device: str = "cpu", batch_size: int = 64,
-                 policy_factory=None) -> TaskHeadroom:
+                 policy_factory=None, warmup=None) -> TaskHeadroom:
     """``task``'s row: the store's validation items the policy's evaluation scores (each
-    question once, with a gold answer; the first ``limit``), every figure on those items."""
+    question once, with a gold answer; the first ``limit``), every figure on those items.
+    ``warmup``: a ``warmup_config`` whose warm-up the policy gets for the warmed columns
+    (None: not measured)."""
     from musketeers.config import TrainConfig
     from musketeers.method import methods
     from musketeers.run.build import build_components
@@ -163,8 +214,12 @@ def measure_task(task: str, policy: str, experts: list[str], cache_dir: str | Pa
     right = expert_right(cache_dir, task, experts, rows)
     vectors = channel_vectors(cache_dir, task, experts, rows)
     items = [stored[r] for r in rows]
-    cfg = TrainConfig(task=task, policy=policy, method="single", cache_dir=str(cache_dir),
-                      device=device, team=None, experts=list(experts))
+    if warmup is not None:
+        read_checked_items(cache_dir, task, "train")  # the warm-up's items, before any model
+    # with a warm-up, both of the policy's columns are graded as that grid grades
+    cfg = (replace(warmup, experts=list(experts)) if warmup is not None else
+           TrainConfig(task=task, policy=policy, method="single", cache_dir=str(cache_dir),
+                       device=device, team=None, experts=list(experts)))
     data, model, _ = build_components(cfg, "val", method=methods.get(cfg.method), limit=limit,
                                       policy_factory=policy_factory)
     if [it.id for it in data.items] != [it.id for it in items]:
@@ -172,11 +227,16 @@ def measure_task(task: str, policy: str, experts: list[str], cache_dir: str | Pa
     samples = greedy_samples(cfg, data, model, None, World.from_env(device), batch_size,
                              f"headroom {task}")
     policy_right = [s["score"] >= 1.0 for s in samples]
+    warmed = None if warmup is None else warmed_policy_right(
+        warmup, [it.id for it in items], batch_size=batch_size, policy_factory=policy_factory)
     constant, copy = shortcut_exact(items)
     n = max(len(items), 1)
     return TaskHeadroom(
         task=task, policy=policy, items=len(items), constant_exact=constant, copy_exact=copy,
-        policy_exact=sum(policy_right) / n, warmup_exact=None,
+        policy_exact=sum(policy_right) / n,
+        warmup_exact=None if warmed is None else sum(warmed) / n,
         expert_exact={e: sum(r) / n for e, r in right.items()},
         headroom=team_headroom(policy_right, right), probes=probe_cells(vectors, items),
-        ids=[it.id for it in items], policy_right=policy_right, expert_right=right)
+        ids=[it.id for it in items], policy_right=policy_right, expert_right=right,
+        warmup_right=warmed,
+        warmup_headroom=None if warmed is None else team_headroom(warmed, right))

@@ -30,7 +30,7 @@ def columns(rows: list[TaskHeadroom]) -> list[str]:
     for e in experts:
         cols += [f"{e} exact", f"{e} headroom", f"{e} probe gold (acc/maj)",
                  f"{e} probe last digit (acc/maj)"]
-    return [*cols, f"headroom ({ANY})"]
+    return [*cols, f"headroom ({ANY})", f"headroom after warm-up ({ANY})"]
 
 
 def cells(row: TaskHeadroom, experts: list[str]) -> list[str]:
@@ -44,7 +44,8 @@ def cells(row: TaskHeadroom, experts: list[str]) -> list[str]:
         out += [pct(row.expert_exact[e]), pct(row.headroom[e]),
                 _probe_text(row.probes, e, "gold answer"),
                 _probe_text(row.probes, e, "answer_last_digit")]
-    return [*out, pct(row.headroom[ANY])]
+    warmed = None if row.warmup_headroom is None else row.warmup_headroom[ANY]
+    return [*out, pct(row.headroom[ANY]), pct(warmed)]
 
 
 def experts_of(rows: list[TaskHeadroom]) -> list[str]:
@@ -70,8 +71,13 @@ def figure(rows: list[TaskHeadroom], path: Path) -> None:
 
     experts = experts_of(rows)
     series = {"policy exact": [r.policy_exact for r in rows]}
+    if any(r.warmup_exact is not None for r in rows):
+        series["policy after warm-up"] = [r.warmup_exact or 0.0 for r in rows]
     series |= {f"{e} exact": [r.expert_exact.get(e, 0.0) for r in rows] for e in experts}
     series[f"headroom ({ANY})"] = [r.headroom[ANY] for r in rows]
+    if any(r.warmup_headroom is not None for r in rows):
+        series[f"headroom after warm-up ({ANY})"] = [
+            (r.warmup_headroom or {}).get(ANY, 0.0) for r in rows]
     x = np.arange(len(rows))
     width = 0.8 / len(series)
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows) + 2), 4))
