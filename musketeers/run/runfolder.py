@@ -41,8 +41,8 @@ from musketeers.config import TrainConfig, read_run_config, save_config
 from musketeers.method import methods
 from musketeers.method.methods import Method
 from musketeers.run import checkpoint as ckpt
-from musketeers.run.build import expert_names_for
 from musketeers.run.runlog import truncate_metrics
+from musketeers.run.team import expert_names_for
 
 log = logging.getLogger("musketeers.train")
 
