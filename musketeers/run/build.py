@@ -89,14 +89,15 @@ def build_components(cfg: TrainConfig, split: str, *, method: Method, limit: int
     """(data, policy, adapter) of a run, deterministic in ``cfg.seed``. ``method``: the run's,
     resolved once by its entry."""
     data = load_split(cfg, split, expert_names_for(cfg, method), limit=limit, method=method)
+    dims = data.expert_dims  # the adapter's input sizes, one per expert
+    router_dim = int(data.router.shape[1]) if data.router is not None else 384
     seed_everything(cfg.seed)
     policy = (policy_factory or build_policy)(cfg)
     policy.decode_graphs = cfg.decode_graphs
     policy.prepack_decode = cfg.prepack_decode
-    router_dim = int(data.router.shape[1]) if data.router is not None else 384
     target = policy.embedding_rms if cfg.context_scale == "embedding" else None
     try:
-        adapter = build_adapter(method, data.expert_dims, policy.embed_dim,
+        adapter = build_adapter(method, dims, policy.embed_dim,
                                 latents=cfg.latents, d_model=cfg.d_model, heads=cfg.heads,
                                 router_dim=router_dim, target_rms=target,
                                 standardize=cfg.standardize_experts)
