@@ -7,6 +7,8 @@ checks against is ``musketeers.cache.layout``'s; the reader, precompute, ``cache
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import numpy as np
 import zarr
 
@@ -34,6 +36,24 @@ from musketeers.cache.layout import (
 from musketeers.cache.zarrio import child_names, n_chunks
 
 
+class _Facts(NamedTuple):
+    """What the checks compare, read once from the group's metadata and listing."""
+
+    kind: str | None  # experts / router for a unit, None for another group
+    fingerprint: Any
+    n_layers: Any  # an expert unit's recorded sizes (None elsewhere), checked before use
+    d: Any
+    n: int | None  # the item count of its split (None: unknown or unreadable)
+    names: list[str]  # its members, listed without parsing them
+
+
+def _facts(g: zarr.Group) -> _Facts:
+    n = item_count(g) if g.basename == ITEMS else _split_items(g)
+    kind = unit_kind(g)
+    n_layers, d, _ = expert_meta(g) if kind == EXPERTS else (None, None, None)
+    return _Facts(kind, fingerprint(g), n_layers, d, n, child_names(g))
+
+
 def required_arrays(g: zarr.Group) -> tuple[str, ...]:
     """The arrays a group of this kind cannot be read without (its place in the layout)."""
     kind = unit_kind(g)
@@ -47,34 +67,35 @@ def required_arrays(g: zarr.Group) -> tuple[str, ...]:
 def unit_damage(g: zarr.Group) -> str | None:
     """Why a group's structure cannot be trusted (one phrase), or None: created but never
     finished, a member with unreadable metadata, or a required array missing."""
-    if unit_kind(g) is not None and fingerprint(g) is None:
+    facts = _facts(g)
+    if facts.kind is not None and facts.fingerprint is None:
         return "unfinished (killed while being created)"
-    if attrs := attr_damage(g):
+    if attrs := attr_damage(g, facts):
         return attrs
-    names = child_names(g)
-    for name in names:
+    for name in facts.names:
         try:
             g[name]
         except Exception:  # noqa: BLE001
             return f"array {name} has unreadable metadata"
-    missing = [n for n in required_arrays(g) if n not in names]
+    missing = [n for n in required_arrays(g) if n not in facts.names]
     if missing:
         return f"missing array {', '.join(missing)}"
-    return size_damage(g) or shape_damage(g)
+    return size_damage(g) or shape_damage(g, facts)
 
 
-def attr_damage(g: zarr.Group) -> str | None:
+def attr_damage(g: zarr.Group, facts: _Facts) -> str | None:
     """An attribute of the wrong type or beyond the bounds (an edited ``zarr.json``), which
     every reader would otherwise trip over: ``n`` of items, a unit's fingerprint, d, n_layers."""
-    if unit_kind(g) is None:
+    if facts.kind is None:
         if g.path.endswith(ITEMS) and not is_count(g.attrs.get("n"), MAX_ROWS):
             return f"attribute n is {g.attrs.get('n')!r}, not an item count in 0..{MAX_ROWS}"
         return None
-    if not isinstance(fingerprint(g), dict):
-        return f"attribute fingerprint is a {type(fingerprint(g)).__name__}, not a mapping"
-    if unit_kind(g) == EXPERTS:
-        n_layers, d, _ = expert_meta(g)
-        for name, value, most in (("d", d, MAX_DIM), ("n_layers", n_layers, MAX_LAYERS)):
+    if not isinstance(facts.fingerprint, dict):
+        return (f"attribute fingerprint is a {type(facts.fingerprint).__name__}, "
+                "not a mapping")
+    if facts.kind == EXPERTS:
+        for name, value, most in (("d", facts.d, MAX_DIM),
+                                  ("n_layers", facts.n_layers, MAX_LAYERS)):
             if value is not None and not is_count(value, most):
                 return f"attribute {name} is {value!r}, not a size in 0..{most}"
     return None
@@ -94,10 +115,10 @@ def size_damage(g: zarr.Group) -> str | None:
     return None
 
 
-def expected_shapes(g: zarr.Group, n: int) -> dict[str, tuple[int, ...]]:
-    """The shape each array of ``g`` must have for a split of ``n`` items (trailing sizes from
-    the unit's own ``d`` / ``n_layers`` where recorded)."""
-    n_layers, d, _ = expert_meta(g) if unit_kind(g) == EXPERTS else (None, None, None)
+def expected_shapes(g: zarr.Group, facts: _Facts) -> dict[str, tuple[int, ...]]:
+    """The shape each array of ``g`` must have for its split's ``facts.n`` items (trailing
+    sizes from the unit's own ``d`` / ``n_layers`` where recorded)."""
+    n, d, n_layers = facts.n, facts.d, facts.n_layers
     arrays = {name: g[name] for name in g.array_keys()}
     rows = next((a.chunks[0] for k, a in arrays.items() if k not in FLAGS), CHUNK_ROWS)
     want: dict[str, tuple[int, ...]] = {}
@@ -113,15 +134,15 @@ def expected_shapes(g: zarr.Group, n: int) -> dict[str, tuple[int, ...]]:
     return want
 
 
-def shape_damage(g: zarr.Group) -> str | None:
+def shape_damage(g: zarr.Group, facts: _Facts) -> str | None:
     """An array whose shape disagrees with its split's item count or the unit's d / n_layers
     (an edited ``zarr.json``): its rows would be read against the wrong items."""
-    n = item_count(g) if g.basename == ITEMS else _split_items(g)
-    if n is None:
+    if facts.n is None:
         return None
-    for name, want in expected_shapes(g, n).items():
+    for name, want in expected_shapes(g, facts).items():
         if g[name].shape != want:
-            return f"array {name} has shape {g[name].shape}, expected {want} for {n} items"
+            return (f"array {name} has shape {g[name].shape}, expected {want} for {facts.n} "
+                    "items")
     return None
 
 

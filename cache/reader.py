@@ -186,22 +186,20 @@ def read_items(cache_dir: str | Path, task: str, split: str) -> list[Item]:
 
 
 def _expert_group(root: zarr.Group, cache_dir: str | Path, task: str, split: str,
-                  expert: str) -> zarr.Group:
+                  expert: str) -> tuple[zarr.Group, str]:
+    """The expert's unit once complete, whole and matching its digests, and the ``--experts``
+    value that recomputes it (a folder's path, a hub id, a name)."""
     sg = _split(root, cache_dir, task, split)
     g = _member(lambda: layout.expert_group(sg, expert), cache_dir, task, expert)
     if g is None:
         raise UserError(f"expert {expert!r} is not cached for {task}/{split}; run: "
                         f"{_fix(cache_dir, task, expert)}")
-    arg = _expert_arg(g, expert)
-    if layout.fingerprint(g) is not None and not layout.is_complete(g):
+    unfinished = layout.fingerprint(g) is not None and not layout.is_complete(g)
+    arg = st.expert_arg(expert, *layout.expert_ref(g))
+    if unfinished:
         raise UserError(f"expert {expert!r} is incomplete in {task}/{split}; run: "
                         f"{_fix(cache_dir, task, arg)}")
-    return _checked(_sound(g, cache_dir, task, arg), cache_dir, task, arg)
-
-
-def _expert_arg(g: zarr.Group, expert: str) -> str:
-    """``--experts`` value that recomputes this group (a folder's path, a hub id, a name)."""
-    return st.expert_arg(expert, *layout.expert_ref(g))
+    return _checked(_sound(g, cache_dir, task, arg), cache_dir, task, arg), arg
 
 
 def random_layers(n: int, n_layers: int, seed: int, expert_index: int) -> np.ndarray:
@@ -247,7 +245,7 @@ def read_vectors(cache_dir: str | Path, task: str, split: str, experts: list[str
     """One [N, d_i] float32 array per expert, in ``experts`` order."""
     root = open_store(cache_dir, task, experts)
     return [
-        pool_from_group(_expert_group(root, cache_dir, task, split, e), pooling, seed, i, task,
+        pool_from_group(_expert_group(root, cache_dir, task, split, e)[0], pooling, seed, i, task,
                         e, cache_dir)
         for i, e in enumerate(experts)
     ]
@@ -288,8 +286,7 @@ def _hint_columns(cache_dir: str | Path, task: str, split: str, experts: list[st
     root = open_store(cache_dir, task, experts, hints=True)
     cols = []
     for e in experts:
-        g = _expert_group(root, cache_dir, task, split, e)
-        arg = _expert_arg(g, e)
+        g, arg = _expert_group(root, cache_dir, task, split, e)
         if not layout.hints_complete(g) or array not in g:
             raise UserError(f"expert {e!r} has no complete {array} for {task}/{split}; run: "
                             f"{_fix(cache_dir, task, arg, hints=True)}")
@@ -314,8 +311,7 @@ def read_token_rows(cache_dir: str | Path, task: str, split: str, experts: list[
     verified = Verified(st.store_path(cache_dir, task))
     out = []
     for e in experts:
-        g = _expert_group(root, cache_dir, task, split, e)
-        arg = _expert_arg(g, e)
+        g, arg = _expert_group(root, cache_dir, task, split, e)
         n_layers = layout.expert_meta(g)[0]
         k = token_layout.resolve_layer(layer, n_layers) if isinstance(n_layers, int) else None
         u = _member(lambda k=k, g=g: token_layout.token_unit(g, channel, k), cache_dir, task,

@@ -162,8 +162,9 @@ def run_planted(seeds: list[int], steps: int, workdir: Path,
     """Train every (method, seed) on one planted store; one summary row per run, tagged with
     ``variant`` (whose margins ``check_rows`` then applies)."""
     variant_overrides(variant)  # an unknown variant fails before any store is written
+    from musketeers.run.launch import torch_threads
     from musketeers.run.runlog import read_metrics
-    from musketeers.run.trainer import torch_threads, train
+    from musketeers.run.trainer import train
 
     workdir = Path(workdir)
     cache_dir = workdir / "stores"

@@ -59,7 +59,7 @@ def _default_train_fn(cfg: Any) -> Path:
 def _default_eval_fn(run_dir: Path, limit: int | None, context: bool) -> dict:
     from musketeers.config import read_run_config
     from musketeers.run.evaluate import evaluate
-    from musketeers.run.trainer import torch_threads
+    from musketeers.run.launch import torch_threads
 
     with torch_threads(read_run_config(run_dir).threads):  # the run's own thread setting
         return evaluate(run_dir, limit=limit, no_context=not context)

@@ -18,10 +18,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from musketeers.cache.devices import resolve_dtype
 from musketeers.cache.errors import UserError
+from musketeers.cache.experts import load_expert, resolve_local
 from musketeers.config import TrainConfig, torch_dtype_name
 from musketeers.method.methods import Method, build_adapter
+from musketeers.method.policy import Policy
 from musketeers.run.data import load_split
+from musketeers.run.team import expert_names_for, team_specs  # noqa: F401  (team_specs: API)
+from musketeers.teams import policy_spec
 
 PolicyFactory = Callable[[TrainConfig], Any]
 log = logging.getLogger(__name__)
@@ -32,9 +37,6 @@ def build_policy(cfg: TrainConfig):
     or a hub id (musketeers.teams.policy_spec), or a ``package.module:function`` factory."""
     if ":" in cfg.policy and not Path(cfg.policy).exists():
         return _policy_plugin(cfg.policy)(cfg)
-    from musketeers.method.policy import Policy
-    from musketeers.teams import policy_spec
-
     dtype = torch_dtype_name(cfg.dtype, cfg.device)
     if dtype != cfg.dtype:
         log.info("dtype %s → %s on this %s", cfg.dtype, dtype, cfg.device)
@@ -47,9 +49,6 @@ def fetch_policy(cfg: TrainConfig) -> None:
     torchrun rank 0 does this once, before the ranks load it side by side."""
     if ":" in cfg.policy and not Path(cfg.policy).exists():
         return  # a plugin builds its own policy
-    from musketeers.cache.experts import resolve_local
-    from musketeers.teams import policy_spec
-
     resolve_local(policy_spec(cfg.policy))
 
 
@@ -69,9 +68,6 @@ _BASE: dict[tuple, tuple[Any, Any]] = {}
 
 
 def _load_base(spec, device: str, dtype: str):
-    from musketeers.cache.devices import resolve_dtype
-    from musketeers.cache.experts import load_expert
-
     key = (spec, device, dtype)
     if key not in _BASE:
         state = torch.get_rng_state()  # loading must not shift the seeded LoRA/adapter init
@@ -80,22 +76,6 @@ def _load_base(spec, device: str, dtype: str):
         torch.set_rng_state(state)
     model, tokenizer = _BASE[key]
     return copy.deepcopy(model), tokenizer
-
-
-def team_specs(cfg: TrainConfig) -> list:
-    """The run's expert specs: --experts / --team-file replace the named team (which always
-    has a default)."""
-    from musketeers.teams import run_team
-
-    return run_team(cfg.team, cfg.roster, cfg.experts, cfg.team_file)
-
-
-def expert_names_for(cfg: TrainConfig, method: Method) -> list[str]:
-    """The team's expert names (stores are keyed by them); none for a method that reads no
-    expert (``single``)."""
-    if not method.uses_experts:
-        return []
-    return [s.name for s in team_specs(cfg)]
 
 
 def seed_everything(seed: int) -> None:
@@ -109,14 +89,15 @@ def build_components(cfg: TrainConfig, split: str, *, method: Method, limit: int
     """(data, policy, adapter) of a run, deterministic in ``cfg.seed``. ``method``: the run's,
     resolved once by its entry."""
     data = load_split(cfg, split, expert_names_for(cfg, method), limit=limit, method=method)
+    dims = data.expert_dims  # the adapter's input sizes, one per expert
+    router_dim = int(data.router.shape[1]) if data.router is not None else 384
     seed_everything(cfg.seed)
     policy = (policy_factory or build_policy)(cfg)
     policy.decode_graphs = cfg.decode_graphs
     policy.prepack_decode = cfg.prepack_decode
-    router_dim = int(data.router.shape[1]) if data.router is not None else 384
     target = policy.embedding_rms if cfg.context_scale == "embedding" else None
     try:
-        adapter = build_adapter(method, data.expert_dims, policy.embed_dim,
+        adapter = build_adapter(method, dims, policy.embed_dim,
                                 latents=cfg.latents, d_model=cfg.d_model, heads=cfg.heads,
                                 router_dim=router_dim, target_rms=target,
                                 standardize=cfg.standardize_experts)

@@ -41,8 +41,8 @@ from musketeers.config import TrainConfig, read_run_config, save_config
 from musketeers.method import methods
 from musketeers.method.methods import Method
 from musketeers.run import checkpoint as ckpt
-from musketeers.run.build import expert_names_for
-from musketeers.run.runlog import truncate_metrics
+from musketeers.run.runlog import read_metrics, summarize, truncate_metrics
+from musketeers.run.team import expert_names_for
 
 log = logging.getLogger("musketeers.train")
 
@@ -198,6 +198,13 @@ def _differences(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
     return diffs
 
 
+def open_run(cfg: TrainConfig, run: Path, resume: bool, method: Method,
+             held: contextlib.ExitStack) -> dict[str, Any]:
+    """Lock the run folder until ``held`` closes, then ``prepare`` it: its fingerprints."""
+    held.enter_context(locked(run))
+    return prepare(cfg, run, resume, method)
+
+
 def prepare(cfg: TrainConfig, run: Path, resume: bool, method: Method) -> dict[str, Any]:
     """The start / resume decision and the store check, before any model loads; returns the
     store fingerprints ``begin`` records."""
@@ -327,3 +334,31 @@ def begin(cfg: TrainConfig, run: Path, fingerprints: dict[str, Any]) -> None:
         tmp = run / f"{FINGERPRINTS}.tmp"
         tmp.write_text(json.dumps(fingerprints, indent=1, sort_keys=True))
         os.replace(tmp, run / FINGERPRINTS)
+
+
+@contextlib.contextmanager
+def metrics_file(run: Path, lead: bool) -> Iterator[Any]:
+    """metrics.jsonl opened for appending on rank 0; None on the others."""
+    if not lead:
+        yield None
+        return
+    with disk_errors(run):
+        out = open(run / "metrics.jsonl", "a")  # noqa: SIM115 - closed below
+    try:
+        yield out
+    finally:
+        out.close()
+
+
+def finish(run: Path, steps: int, writer, plot: bool) -> dict[str, Any]:
+    """Close the run's logs: tensorboard, summary.json and (``plot``) routing.png."""
+    if writer is not None:
+        writer.close()
+    with disk_errors(run):
+        summary = summarize(run, steps)
+        if plot:
+            from musketeers.run.plots import plot_run  # matplotlib: only a finished run draws
+
+            plot_run(read_metrics(run / "metrics.jsonl"), run / "routing.png", title=run.name)
+    return summary
+

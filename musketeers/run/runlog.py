@@ -89,16 +89,23 @@ def summarize(run: Path, total_steps: int | None = None) -> dict[str, Any]:
         "zero_var_frac": mean_or_none([r["zero_var_frac"] for r in rows]),
         "updates_skipped": sum(bool(r.get("update_skipped")) for r in rows),
     }
+    # the routing figures (Eq. 15) are read off the rows here; the trend and ρ below test them
+    routing: dict[str, Any] = {}
+    if rows and "entropy" in rows[0]:
+        routing = {
+            "rewards": [r["reward_mean"] for r in rows],
+            "entropy": [r["entropy"] for r in rows],
+            "entropy_first": rows[0]["entropy"],
+            "entropy_last10pct": mean_or_none([r["entropy"] for r in tail]),
+            "utilisation_first": rows[0]["utilisation"],
+            "utilisation_last10pct": {k: mean_or_none([r["utilisation"][k] for r in tail])
+                                      for k in rows[0]["utilisation"]}}
     if (trend := reward_trend(rows)) is not None:
         summary["reward_trend"] = trend.as_dict()
-    if rows and "entropy" in rows[0]:
-        summary["spearman_reward_entropy"] = spearman(
-            [r["reward_mean"] for r in rows], [r["entropy"] for r in rows])
-        summary["entropy_first"] = rows[0]["entropy"]
-        summary["entropy_last10pct"] = mean_or_none([r["entropy"] for r in tail])
-        summary["utilisation_first"] = rows[0]["utilisation"]
-        summary["utilisation_last10pct"] = {
-            k: mean_or_none([r["utilisation"][k] for r in tail]) for k in rows[0]["utilisation"]}
+    if routing:
+        summary["spearman_reward_entropy"] = spearman(routing.pop("rewards"),
+                                                      routing.pop("entropy"))
+        summary.update(routing)
     if "spearman_reward_entropy" in summary and math.isnan(summary["spearman_reward_entropy"]):
         summary["spearman_reward_entropy"] = None  # undefined (a constant series): not NaN
     (run / "summary.json").write_text(json.dumps(summary, indent=2))

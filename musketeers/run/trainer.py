@@ -23,13 +23,11 @@ which carry nothing of a rank, so a run resumes with any number of ranks.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import time
 import warnings
-from collections.abc import Iterator
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -39,7 +37,6 @@ from musketeers.cache.devices import dtype_name
 from musketeers.cache.errors import UserError
 from musketeers.cache.progress import progress
 from musketeers.config import TrainConfig
-from musketeers.method import methods
 from musketeers.method.grpo import grpo_loss, loss_denominator
 from musketeers.method.methods import Method
 from musketeers.method.rollout import (  # noqa: F401  (NonFiniteError: part of this API)
@@ -59,7 +56,13 @@ from musketeers.run import checkpoint as ckpt
 from musketeers.run import runfolder
 from musketeers.run.build import PolicyFactory, build_components, fetch_policy, make_optimizer
 from musketeers.run.data import SplitData, epoch_rows
-from musketeers.run.runlog import log_tb, read_metrics, summarize, tensorboard
+from musketeers.run.launch import (  # noqa: F401  (check_world, torch_threads: part of this API)
+    check_world,
+    launched,
+    start_step,
+    torch_threads,
+)
+from musketeers.run.runlog import log_tb, tensorboard
 from musketeers.run.step_metrics import context_scale, merge_parts, metrics_row, step_parts
 from musketeers.runtime.distributed import World
 from musketeers.runtime.step_profile import PhaseClock, step_work
@@ -181,18 +184,6 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
 # The run
 
 
-@contextlib.contextmanager
-def torch_threads(n: int | None):
-    """``torch.set_num_threads(n)`` for the block (no change when ``n`` is None)."""
-    before = torch.get_num_threads()
-    if n is not None:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def train(cfg: TrainConfig, *, resume: bool = False, policy_factory: PolicyFactory | None = None,
           fault: FaultHook | None = None, vector_source: VectorSource | None = None,
           stop_after: int | None = None, plot: bool = True, unverified: bool = False
@@ -203,46 +194,60 @@ def train(cfg: TrainConfig, *, resume: bool = False, policy_factory: PolicyFacto
     (tests use it to simulate a kill; ``--resume --steps N`` to stop one invocation early);
     ``unverified``, ``--resume-unverified``. ``vector_source`` replaces the cached vectors (the
     ``--live-experts`` benchmark path); ``cfg.live_experts`` without one is refused. The run
-    folder is locked throughout (musketeers.run.runfolder): a second training is refused.
+    folder is locked throughout (musketeers.run.launch): a second training is refused.
     Under ``torchrun`` every rank calls this with one config (else refused); rank 0 locks.
     """
     if cfg.live_experts and vector_source is None:
         raise UserError("--live-experts is a benchmark-only path; run it through musketeers.bench")
-    world = World.from_env(cfg.device)
-    with world.failures(runfolder.resume_command(cfg.run_path())):
-        check_world(cfg, world, resume, stop_after)
-        with torch_threads(cfg.threads), contextlib.ExitStack() as held:
-            # the ranks of one job share rank 0's lock; any other job's rank 0 is refused
-            world.on_rank0(lambda: held.enter_context(runfolder.locked(cfg.run_path())))
-            return _train(cfg, resume, policy_factory, fault, vector_source, stop_after, plot,
-                          world, unverified)
-
-
-def check_world(cfg: TrainConfig, world: World, resume: bool, stop_after: int | None) -> None:
-    """Every rank has at least one prompt per update, and runs the same resolved config."""
-    batch = cfg.prompts_per_micro * cfg.grad_accum
-    if world.world > batch:
-        raise UserError(f"{world.world} ranks for an update of {batch} prompts: every rank needs "
-                        f"one; start at most {batch} ranks, or raise --grad-accum")
-    world.check_same("config", {**dataclasses.asdict(cfg), "resume": resume,
-                                "stop_after": stop_after})
-
-
-def _restore(world: World, run, resume: bool, policy, adapter, optimizer, scheduler,
-             generator: torch.Generator, unverified: bool = False) -> int:
-    """Rank 0 picks the checkpoint (setting damaged ones aside) and trims metrics.jsonl; every
-    other rank then loads the same checkpoint."""
-    def pick() -> tuple[int, str | None]:
-        start = runfolder.restore(run, resume, policy.model, adapter, optimizer, scheduler,
-                                  generator, unverified)
-        last = ckpt.latest_checkpoint(run) if start else None
-        return start, None if last is None else str(last)
-
-    start, folder = world.on_rank0(pick)
-    if world.rank != 0 and folder is not None:
-        ckpt.load_checkpoint(Path(folder), policy.model, adapter, optimizer, scheduler,
-                             generator, unverified)
-    return start
+    with launched(cfg, resume, stop_after) as launch:
+        world, lead, method, run = launch.world, launch.lead, launch.method, launch.run
+        if world.world > 1 and policy_factory is None:
+            world.on_rank0(partial(fetch_policy, cfg))  # converted once, before every rank loads it
+        data, policy, adapter = build_components(cfg, "train", policy_factory=policy_factory,
+                                                 method=method)
+        optimizer, scheduler = make_optimizer(cfg, policy, adapter, method)
+        # samples come from per-prompt streams (musketeers.method.rollout); the checkpoint format
+        # still carries this run-level generator, so checkpoints old and new load alike
+        generator = torch.Generator().manual_seed(cfg.seed)
+        start = start_step(launch, resume, policy, adapter, optimizer, scheduler, generator,
+                           unverified)
+        if lead:
+            runfolder.begin(cfg, run, launch.fingerprints)
+        if start == 0 and warms_up(cfg, adapter, method):  # a resumed run's φ is its checkpoint's
+            warm = warm_up_adapter(cfg, policy, adapter, data)  # every rank: the same φ
+            if lead:
+                with runfolder.disk_errors(run):
+                    (run / "warmup.jsonl").write_text("".join(json.dumps(r) + "\n" for r in warm))
+        if lead:
+            with runfolder.disk_errors(run):  # a full disk is the one-line error, as elsewhere
+                # the dtype and device as resolved here: config.yaml keeps `auto`, which means
+                # bf16 on one CPU and fp32 on another
+                (run / "inputs.json").write_text(json.dumps(
+                    {"rows": len(data), "constant_experts": data.constant_experts(),
+                     "dtype": dtype_name(policy.dtype), "device": str(policy.device),
+                     "ranks": world.world}))
+        writer = tensorboard(run) if lead else None
+        end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
+        bar_cm = (progress(f"train {run.name}", total=max(end - start, 0), unit="steps") if lead
+                  else contextlib.nullcontext(_Quiet()))
+        with bar_cm as bar, runfolder.metrics_file(run, lead) as out:
+            for step in range(start, end):
+                row = train_step(cfg, step, policy, adapter, data, optimizer, scheduler,
+                                 method=method, fault=fault, vector_source=vector_source,
+                                 world=world)
+                if lead:
+                    with runfolder.disk_errors(run):
+                        out.write(json.dumps(row) + "\n")
+                        out.flush()
+                        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+                            ckpt.save_checkpoint(run, step + 1, policy.model, adapter, optimizer,
+                                                 scheduler, generator)
+                    if writer is not None:
+                        log_tb(writer, row)
+                log.debug("step %d reward %.3f kl %s", row["step"], row["reward_mean"], row["kl"])
+                bar.advance(1)
+        return world.on_rank0(partial(runfolder.finish, run, cfg.steps, writer,
+                                      plot and end == cfg.steps))
 
 
 class _Quiet:
@@ -250,86 +255,3 @@ class _Quiet:
 
     def advance(self, n: int) -> None:
         pass
-
-
-@contextlib.contextmanager
-def _metrics_file(run, lead: bool) -> Iterator[Any]:
-    """metrics.jsonl opened for appending on rank 0; None on the others."""
-    if not lead:
-        yield None
-        return
-    with runfolder.disk_errors(run):
-        out = open(run / "metrics.jsonl", "a")  # noqa: SIM115 - closed below
-    try:
-        yield out
-    finally:
-        out.close()
-
-
-def _train(cfg: TrainConfig, resume: bool, policy_factory: PolicyFactory | None,
-           fault: FaultHook | None, vector_source: VectorSource | None,
-           stop_after: int | None, plot: bool, world: World, unverified: bool = False
-           ) -> dict[str, Any]:
-    run = cfg.run_path()
-    lead = world.rank == 0
-    method = methods.get(cfg.method)  # resolved once: every part of the run reads this one
-    fingerprints = world.on_rank0(lambda: runfolder.prepare(cfg, run, resume, method))
-    if world.world > 1 and policy_factory is None:
-        world.on_rank0(lambda: fetch_policy(cfg))  # converted once, before every rank loads it
-    data, policy, adapter = build_components(cfg, "train", policy_factory=policy_factory,
-                                             method=method)
-    optimizer, scheduler = make_optimizer(cfg, policy, adapter, method)
-    # samples come from per-prompt streams (musketeers.method.rollout); the checkpoint format still
-    # carries this run-level generator, so checkpoints old and new load alike
-    generator = torch.Generator().manual_seed(cfg.seed)
-    start = _restore(world, run, resume, policy, adapter, optimizer, scheduler, generator,
-                     unverified)
-    if lead:
-        runfolder.begin(cfg, run, fingerprints)
-    if start == 0 and warms_up(cfg, adapter, method):  # a resumed run's φ is its checkpoint's
-        warm = warm_up_adapter(cfg, policy, adapter, data)  # every rank: the same φ
-        if lead:
-            with runfolder.disk_errors(run):
-                (run / "warmup.jsonl").write_text("".join(json.dumps(r) + "\n" for r in warm))
-    if lead:
-        with runfolder.disk_errors(run):  # a full disk is the one-line error, here as elsewhere
-            # the dtype and device as resolved here: config.yaml keeps `auto`, which means
-            # bf16 on one CPU and fp32 on another
-            (run / "inputs.json").write_text(json.dumps(
-                {"rows": len(data), "constant_experts": data.constant_experts(),
-                 "dtype": dtype_name(policy.dtype), "device": str(policy.device),
-                 "ranks": world.world}))
-    writer = tensorboard(run) if lead else None
-    end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
-    bar_cm = (progress(f"train {run.name}", total=max(end - start, 0), unit="steps") if lead
-              else contextlib.nullcontext(_Quiet()))
-    with bar_cm as bar, _metrics_file(run, lead) as out:
-        for step in range(start, end):
-            row = train_step(cfg, step, policy, adapter, data, optimizer, scheduler,
-                             method=method, fault=fault, vector_source=vector_source,
-                             world=world)
-            if lead:
-                with runfolder.disk_errors(run):
-                    out.write(json.dumps(row) + "\n")
-                    out.flush()
-                    if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-                        ckpt.save_checkpoint(run, step + 1, policy.model, adapter, optimizer,
-                                             scheduler, generator)
-                if writer is not None:
-                    log_tb(writer, row)
-            log.debug("step %d reward %.3f kl %s", row["step"], row["reward_mean"], row["kl"])
-            bar.advance(1)
-
-    def finish() -> dict[str, Any]:
-        if writer is not None:
-            writer.close()
-        with runfolder.disk_errors(run):
-            summary = summarize(run, cfg.steps)
-            if plot and end == cfg.steps:
-                from musketeers.run.plots import plot_run
-
-                plot_run(read_metrics(run / "metrics.jsonl"), run / "routing.png",
-                         title=run.name)
-        return summary
-
-    return world.on_rank0(finish)
