@@ -84,6 +84,10 @@ class TrainConfig:
     decode_prompts: int = opt(0, cli=True, help="prompts sampled as one batch (0: a micro-batch)")
     decode_graphs: bool = opt(False, cli=True, help="on CUDA, replay decode steps as CUDA graphs")
     prepack_decode: bool = opt(True, cli=True, help="on CPU, decode from prepacked frozen weights")
+    # a loss pass holds its rows' activations until the backward (~4 GiB for the pocket step)
+    loss_rows: int = opt(0, cli=True, help="completions per loss forward and backward, their "
+                                           "gradients accumulated (0: a micro-batch's): the "
+                                           "same gradient, fewer activations held at once")
     max_new_tokens: int = opt(128, cli=True, help="completion length limit")
     temperature: float = opt(1.0, cli=True, help="sampling temperature")
     beta: float = opt(0.04, cli=True, help="KL coefficient")

@@ -75,7 +75,7 @@ def validate(cfg: TrainConfig) -> None:
     _check_device(cfg.device)
     if cfg.threads is not None and cfg.threads < 1:
         raise UserError(f"config key 'threads' must be >= 1, got {cfg.threads}")
-    for key in ("no_context_every", "adapter_warmup", "adapter_warmup_batch"):
+    for key in ("no_context_every", "adapter_warmup", "adapter_warmup_batch", "loss_rows"):
         if getattr(cfg, key) < 0:
             raise UserError(f"config key '{key}' must be >= 0, got {getattr(cfg, key)}")
     if cfg.eval_limit is not None and cfg.eval_limit < 1:

@@ -277,6 +277,7 @@ def test_trl_bench_pocket_step_is_the_step_the_pocket_grid_trains():
     assert (step["policy"], step["task"], step["dtype"]) == (cfg.policy, cfg.task, cfg.dtype)
     assert (step["prompts"], step["group_size"], step["max_new_tokens"]) == (
         cfg.prompts_per_micro * cfg.grad_accum, cfg.group_size, cfg.max_new_tokens)
+    assert step["loss_rows"] == cfg.loss_rows > 0  # the memory check measures the grid's chunks
 
 
 @pytest.mark.parametrize("tied", [True, False])

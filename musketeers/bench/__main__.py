@@ -196,7 +196,7 @@ def step_size(args) -> dict:
 
 
 def section_trl(rep: rp.Report, args, ctx: dict) -> None:
-    from musketeers.bench.trl_bench import bench_trl
+    from musketeers.bench.trl_bench import bench_trl, regime
 
     res = bench_trl(ctx["work"] / "stores", ctx["work"] / "runs", args.trl_regime, args.reps,
                     0 if args.quick else 1)
@@ -211,8 +211,10 @@ def section_trl(rep: rp.Report, args, ctx: dict) -> None:
         # the process's own ru_maxrss (a child per side), and where in the step it was reached
         rep.check("trl", "peak RSS single (pocket step)", single["peak_rss_mib"] / 1024, 6.0,
                   "{:.1f} GiB", higher_is_better=False)
+        rows = regime(args.trl_regime).get("loss_rows", 0)
         rep.row("trl", "single peak RSS by phase", ", ".join(
-            f"{k} {v:.0f}" for k, v in single.get("phase_peak_rss_mib", {}).items()) + " MiB")
+            f"{k} {v:.0f}" for k, v in single.get("phase_peak_rss_mib", {}).items())
+            + f" MiB (loss_rows {rows or 'all'})")
     if any("error" in r for r in res.values()):
         return
     ctx["single_steps"] = res["single"]

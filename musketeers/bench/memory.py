@@ -75,3 +75,38 @@ class PhasePeaks:
         self._stop.set()
         self._thread.join()
         step_profile.PhaseClock.phase = self._original  # type: ignore[method-assign]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m musketeers.bench.memory [--set key=value …]``: one pocket ``single`` step
+    (the TRL row's, ``trl_bench.run_single``) in this process on an items-only store, then its
+    peak RSS by phase and the process's. A fresh process per figure: RSS only grows."""
+    import argparse
+    import json
+    import resource
+    import tempfile
+    from pathlib import Path
+
+    import yaml
+
+    from musketeers.bench.trl_bench import regime, run_single, write_items_store
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a TrainConfig field for the step (e.g. loss_rows=0: one loss pass)")
+    args = p.parse_args(argv)
+    sets = {k: yaml.safe_load(v) for k, _, v in (s.partition("=") for s in args.set)}
+    r = regime("pocket")
+    with tempfile.TemporaryDirectory() as tmp:
+        write_items_store(Path(tmp) / "stores", r["task"], 64)
+        out = run_single({"cache_dir": str(Path(tmp) / "stores"), "regime": r, "device": "cpu",
+                          "policy": r["policy"], "reps": 1, "warmup": 0,
+                          "run_dir": str(Path(tmp) / "run"), "set": sets})
+    peaks = {k: round(v) for k, v in out["phase_peak_rss_mib"].items()}
+    print(json.dumps({"set": sets, "loss_rows": sets.get("loss_rows", r.get("loss_rows", 0)),
+                      "phase_peak_rss_mib": peaks,
+                      "ru_maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}))
+
+
+if __name__ == "__main__":
+    main()

@@ -53,7 +53,8 @@ def regime(name: str) -> dict[str, Any]:
     return {"policy": defaults["policy"], "task": raw["tasks"]["arithmetic"],
             "prompts": size["prompts_per_micro"] * size["grad_accum"],
             "group_size": size["group_size"], "max_new_tokens": size["max_new_tokens"],
-            "dtype": defaults.get("dtype", size["dtype"])}
+            "dtype": defaults.get("dtype", size["dtype"]),
+            "loss_rows": defaults.get("loss_rows", size.get("loss_rows", 0))}
 
 
 def ensure_trl(version: str = TRL_VERSION) -> str | None:
@@ -94,7 +95,8 @@ def run_single(params: dict[str, Any]) -> dict[str, Any]:
                  "prompts_per_micro": r["prompts"], "grad_accum": 1,
                  "group_size": r["group_size"], "max_new_tokens": r["max_new_tokens"],
                  "lora_r": SHARED["lora_r"], "beta": SHARED["beta"], "lr": SHARED["lr"],
-                 "dtype": r["dtype"], "skip_no_signal": False, **params.get("set", {})}
+                 "dtype": r["dtype"], "loss_rows": r.get("loss_rows", 0),
+                 "skip_no_signal": False, **params.get("set", {})}
     with PhasePeaks() as peaks:
         out = run_steps({**params, "task": r["task"], "overrides": overrides})
     return {**out, "phase_peak_rss_mib": peaks.peaks}

@@ -51,7 +51,7 @@ CONFIG_DIGEST = "config_digest.json"
 # TrainConfig fields that say where files live and how the hardware ran a run, not what it
 # computed: a resumed run may change them, and a grid run that differs only in them is its own
 NOT_COMPUTED = ("run_dir", "cache_dir", "device", "threads", "decode_prompts", "decode_graphs",
-                "prepack_decode")
+                "prepack_decode", "loss_rows")
 SPLIT = "train"  # what training reads; eval's val split is checked by its own reader
 
 

@@ -37,7 +37,8 @@ from musketeers.cache.devices import dtype_name
 from musketeers.cache.errors import UserError
 from musketeers.cache.progress import progress
 from musketeers.config import TrainConfig
-from musketeers.method.grpo import grpo_loss, loss_denominator
+from musketeers.method.grpo import loss_denominator
+from musketeers.method.loss_rows import micro_batch_backward
 from musketeers.method.methods import Method
 from musketeers.method.rollout import (  # noqa: F401  (NonFiniteError: part of this API)
     FaultHook,
@@ -132,22 +133,10 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
             with clock.phase("forward"):
                 context, _ = adapter_context(adapter, r.vectors, r.router, cfg.device,
                                              r.adapter_rng)
-                prompts, ctx, comps = kept(r, context)
-                logp, mask = policy.completion_logprobs(prompts, ctx, comps,
-                                                         temperature=cfg.temperature)
-                old = r.old_logp if r.old_logp is not None else logp.detach()
-                adv = r.adv[r.keep].reshape(-1).to(logp.device)
-                loss, stats = grpo_loss(
-                    logp.float(), old.float(), None if r.ref_logp is None else r.ref_logp.float(),
-                    adv, mask, beta=cfg.beta, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                    loss_norm=cfg.loss_norm, max_len=cfg.max_new_tokens, denominator=denominator)
-                if fault is not None:
-                    loss = fault(step, "loss", loss)
-                check_finite(step, "loss", loss.detach())
-            with clock.phase("backward"):
-                loss.backward()
-            total += float(loss.detach())
-            kls.append(stats["kl"])
+            part, kl = micro_batch_backward(cfg, step, policy, r, context, denominator,
+                                            fault=fault, phase=clock.phase)
+            total += part
+            kls.append(kl)
         with clock.phase("backward"):
             world.sum_grads(params)  # each rank's loss is its share of the update's: a sum
         losses.append(world.total(total))
