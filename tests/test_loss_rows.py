@@ -85,7 +85,6 @@ def test_chunked_gradient_equals_the_whole_batch(norm, rows, keep):
 
 
 def test_policy_copies_share_frozen_weights(monkeypatch):
-    from musketeers.cache import experts
     from musketeers.method.policy import Policy
     from musketeers.run import build
 
@@ -95,7 +94,7 @@ def test_policy_copies_share_frozen_weights(monkeypatch):
         loads.append(spec)
         return tiny_model("qwen2"), TOK
 
-    monkeypatch.setattr(experts, "load_expert", load)
+    monkeypatch.setattr(build, "load_expert", load)  # the name build loads with
     build._BASE.clear()
     try:
         first = Policy(build._load_base("tiny", "cpu", "float32")[0], TOK)
