@@ -170,23 +170,16 @@ def warmup_config(grid: str | Path, task: str, policy: str, cache_dir: str | Pat
     return cfg
 
 
-def warmed_policy_right(cfg, ids: list[str], *, batch_size: int = 64,
-                        policy_factory=None) -> list[bool]:
-    """The policy's greedy right/wrong on the validation items ``ids`` after ``cfg``'s
-    supervised warm-up on the train split (``method.warmup``; no C, the LoRA alone)."""
+def warmed_right(cfg, model, val, *, batch_size: int = 64) -> list[bool]:
+    """``model``'s greedy right/wrong on ``val`` after ``cfg``'s supervised warm-up on the
+    train split (``method.warmup``; no C, the LoRA alone). ``model`` is trained in place."""
     from musketeers.method import methods
     from musketeers.method.warmup import warm_up_adapter
-    from musketeers.run.build import build_components
     from musketeers.run.data import load_split
     from musketeers.run.evaluate import greedy_samples
     from musketeers.runtime.distributed import World
 
-    single = methods.get("single")
-    val = load_split(cfg, "val", [], method=single, limit=len(ids))
-    if [it.id for it in val.items] != ids:
-        raise RuntimeError(f"{cfg.task}: the warmed policy's items are not the experts' items")
-    train, model, _ = build_components(cfg, "train", method=single,
-                                       policy_factory=policy_factory)
+    train = load_split(cfg, "train", [], method=methods.get("single"))
     warm_up_adapter(cfg, model, None, train)
     samples = greedy_samples(cfg, val, model, None, World.from_env(cfg.device), batch_size,
                              f"headroom {cfg.task} after warm-up")
@@ -227,8 +220,8 @@ def measure_task(task: str, policy: str, experts: list[str], cache_dir: str | Pa
     samples = greedy_samples(cfg, data, model, None, World.from_env(device), batch_size,
                              f"headroom {task}")
     policy_right = [s["score"] >= 1.0 for s in samples]
-    warmed = None if warmup is None else warmed_policy_right(
-        warmup, [it.id for it in items], batch_size=batch_size, policy_factory=policy_factory)
+    # the same policy, warmed up after its untrained column: one load, the same items
+    warmed = None if warmup is None else warmed_right(cfg, model, data, batch_size=batch_size)
     constant, copy = shortcut_exact(items)
     n = max(len(items), 1)
     return TaskHeadroom(
