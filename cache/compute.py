@@ -122,9 +122,11 @@ def compute_rows(model, tokenizer, items: list[Item], rows: np.ndarray,
 
 
 def compute_hints(model, tokenizer, items: list[Item], cfg: PrecomputeConfig,
-                  oracle: bool = False, layers: tuple[int, ...] = ()) -> tuple[dict, int]:
+                  oracle: bool = False, layers: tuple[int, ...] = (),
+                  tick: Callable[[int], None] | None = None) -> tuple[dict, int]:
     """The ``hints`` array for ``items``: greedy answers, batched like the poolings; their
-    scores under ``cfg.scorer`` when one is given; with ``layers``, their states."""
+    scores under ``cfg.scorer`` when one is given; with ``layers``, their states. ``tick(k)``
+    is told after each batch of ``k`` answers (generation is the slow part of a store)."""
     seqs, _ = prompt_seqs(tokenizer, items, context_length(model, cfg.max_length), oracle)
     hints = np.empty(len(items), dtype=object)
     states: dict[int, list] = {}
@@ -133,6 +135,8 @@ def compute_hints(model, tokenizer, items: list[Item], cfg: PrecomputeConfig,
                                     layers)
         hints[batch] = texts
         _scatter(states, batch, got, len(items))
+        if tick is not None:
+            tick(len(batch))
     out: dict = {"hints": hints}
     if cfg.scorer is not None:
         out[HINT_SCORES] = np.array([cfg.scorer(it, str(h)) for it, h in zip(items, hints,

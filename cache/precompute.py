@@ -147,7 +147,7 @@ def precompute_expert(root: zarr.Group, splits: dict[str, list[Item]], spec: Exp
         desc = f"{task}/{split} {spec.name}"
         side = _token_units(g, TOKENS, asked, fp, cfg, dist)
         if work or (side is not None and side.todo()):
-            def compute(lo, hi, items=items):
+            def compute(lo, hi, tick, items=items):
                 return compute_rows(model, tokenizer, items[lo:hi], np.arange(lo, hi), cfg,
                                     backbone, spec.oracle, layers=layers)
 
@@ -163,9 +163,9 @@ def precompute_expert(root: zarr.Group, splits: dict[str, list[Item]], spec: Exp
         g = zarr.open_group(g.store, path=g.path, mode="r+")  # sees rank 0's new arrays
         side = _token_units(g, ANSWER, asked, fp, cfg, dist)
         if work or (side is not None and side.todo()):
-            def hints(lo, hi, items=items):
+            def hints(lo, hi, tick, items=items):
                 return compute_hints(model, tokenizer, items[lo:hi], cfg, spec.oracle,
-                                     layers=layers)
+                                     layers=layers, tick=tick)
 
             run_chunks(g, len(items), cfg.chunk_rows, dist, f"{desc} hints", hints,
                        flag=layout.HINTS_FLAG, side=side)
@@ -216,7 +216,7 @@ def precompute_router(root: zarr.Group, splits: dict[str, list[Item]], task: str
         if not work:
             continue
 
-        def compute(lo, hi, items=items):
+        def compute(lo, hi, tick, items=items):
             texts = [it.question for it in items[lo:hi]]
             return {"emb": router.embed(texts, model, tokenizer, device=cfg.device)}, 0
 

@@ -24,11 +24,16 @@ from musketeers.cache.zarrio import Damaged, child, chunk_range, dense_writes, r
 log = logging.getLogger("musketeers.precompute")
 
 
+Tick = Callable[[int], None]  # a compute's report of items finished inside its chunk
+
+
 def run_chunks(g: zarr.Group, n: int, chunk_rows: int, dist: Dist, desc: str,
-               compute: Callable[[int, int], tuple[dict, int]], flag: str = layout.DONE,
+               compute: Callable[[int, int, Tick], tuple[dict, int]], flag: str = layout.DONE,
                side: TokenUnits | None = None) -> None:
     """Compute this rank's unfinished chunks: arrays first, then the chunk's ``flag``; the
-    token ``side`` units take the states of the same pass, for the chunks they lack."""
+    token ``side`` units take the states of the same pass, for the chunks they lack.
+    ``compute(lo, hi, tick)`` may call ``tick(k)`` as it finishes ``k`` items of the chunk, so
+    that a slow chunk (greedy hints) shows progress before it ends."""
     flags = layout.done_flags(g, flag)
     mine = dist.my_chunks(len(flags))
     lacking = side.todo() if side is not None else set()
@@ -37,18 +42,26 @@ def run_chunks(g: zarr.Group, n: int, chunk_rows: int, dist: Dist, desc: str,
     with progress(desc, total=int(total)) as bar:
         for c in todo:
             lo, hi = chunk_range(c, n, chunk_rows)
-            arrays, tokens = compute(lo, hi)
+            ticked = 0
+
+            def tick(k: int, hi: int = hi, lo: int = lo) -> None:
+                nonlocal ticked
+                k = min(k, hi - lo - ticked)  # never past the chunk's own rows
+                ticked += k
+                bar.advance(k)
+
+            arrays, tokens = compute(lo, hi, tick)
             states = arrays.pop(STATES, {})
             if side is not None:
                 side.write(c, states)
             if flags[c]:  # done before: its sealed bytes are kept
-                bar.advance(hi - lo, tokens=tokens)
+                bar.advance(hi - lo - ticked, tokens=tokens)
                 continue
             for name, values in arrays.items():
                 refuse_non_finite(g, name, values, lo, hi)
                 g[name][lo:hi] = values
             layout.set_done(g, c, flag)
-            bar.advance(hi - lo, tokens=tokens)
+            bar.advance(hi - lo - ticked, tokens=tokens)
 
 
 def refuse_non_finite(g: zarr.Group, name: str, values: np.ndarray, lo: int, hi: int) -> None:

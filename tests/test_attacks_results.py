@@ -103,7 +103,7 @@ def test_precompute_refuses_to_write_non_finite_vectors(cache_dir: Path):
     g = zarr.open_group(path, path="train/experts/e", mode="r+")
     g["done"][:] = 0
 
-    def compute(lo, hi):
+    def compute(lo, hi, tick):
         return {"last": np.full((hi - lo, 3), np.inf, np.float32)}, 0
 
     with pytest.raises(UserError, match=r"train/experts/e: .*non-finite .*--dtype float32"):

@@ -17,6 +17,7 @@ from musketeers.cache.items import items_fingerprint
 from musketeers.reports.headroom import (
     ANY,
     POSITIVE_GRID,
+    TaskHeadroom,
     headroom,
     measure_task,
     team_headroom,
@@ -194,3 +195,22 @@ def test_a_grid_without_a_warmed_single_arm_is_refused(tmp_path):
     grid.write_text("budget: smoke\nruns:\n  - {task: logic, method: perceiver}\n")
     with pytest.raises(UserError, match="no Single arm"):
         warmup_config(grid, TASK, "tiny", tmp_path)
+
+
+def test_the_figure_marks_what_was_not_measured(tmp_path, monkeypatch):
+    build_store(tmp_path, scores=[0.0, 1.0, 1.0])
+    row = measure_task(TASK, "stub", [EXPERT], tmp_path, N,
+                       policy_factory=lambda cfg: StubPolicy({0, 1}))
+    other = TaskHeadroom(**{**row.to_json(), "policy": "other", "expert_exact": {"x": 0.5},
+                            "headroom": {"x": 0.5, ANY: 0.5}, "warmup_exact": 0.25,
+                            "warmup_headroom": {"x": 0.25, ANY: 0.25}, "probes": []})
+    import matplotlib.axes
+
+    marks = []
+    text = matplotlib.axes.Axes.text
+    monkeypatch.setattr(matplotlib.axes.Axes, "text",
+                        lambda self, x, y, s, **kw: marks.append(s) or text(self, x, y, s, **kw))
+    paths = write_report([row, other], tmp_path / "out")
+    assert paths[-1].name == "headroom.png" and paths[-1].stat().st_size > 0
+    # not measured: row's two warm-up bars, other's tiny-llama bar, row's x bar
+    assert marks.count("n/m") == 4

@@ -72,17 +72,21 @@ def figure(rows: list[TaskHeadroom], path: Path) -> None:
     experts = experts_of(rows)
     series = {"policy exact": [r.policy_exact for r in rows]}
     if any(r.warmup_exact is not None for r in rows):
-        series["policy after warm-up"] = [r.warmup_exact or 0.0 for r in rows]
-    series |= {f"{e} exact": [r.expert_exact.get(e, 0.0) for r in rows] for e in experts}
+        series["policy after warm-up"] = [r.warmup_exact for r in rows]
+    series |= {f"{e} exact": [r.expert_exact.get(e) for r in rows] for e in experts}
     series[f"headroom ({ANY})"] = [r.headroom[ANY] for r in rows]
     if any(r.warmup_headroom is not None for r in rows):
         series[f"headroom after warm-up ({ANY})"] = [
-            (r.warmup_headroom or {}).get(ANY, 0.0) for r in rows]
+            None if r.warmup_headroom is None else r.warmup_headroom[ANY] for r in rows]
     x = np.arange(len(rows))
     width = 0.8 / len(series)
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows) + 2), 4))
     for k, (name, values) in enumerate(series.items()):
-        ax.bar(x + k * width, [100 * v for v in values], width, label=name)
+        at = x + k * width
+        ax.bar(at, [np.nan if v is None else 100 * v for v in values], width, label=name)
+        for where, v in zip(at, values, strict=True):
+            if v is None:  # not measured: marked, so it does not read as 0
+                ax.text(where, 0.2, "n/m", rotation=90, fontsize=5, ha="center", va="bottom")
     ax.axhline(15, color="grey", linestyle="--", linewidth=0.8, label="15 % target")
     ax.set_xticks(x + 0.4 - width / 2, [f"{r.task}\n({r.policy})" for r in rows], rotation=60,
                   ha="right", fontsize=7)
