@@ -45,6 +45,7 @@ def validate(cfg: TrainConfig) -> None:
 
     check_task(cfg.task)
     _one_of("method", cfg.method, method_names())
+    _check_warmup_only(cfg)
     if not (cfg.pooling in POOLINGS or (cfg.pooling.startswith("layer:")
                                         and cfg.pooling[6:].isdigit())):
         raise UserError(f"unknown pooling '{cfg.pooling}'; valid: {', '.join(POOLINGS)}, layer:K")
@@ -93,6 +94,18 @@ def validate(cfg: TrainConfig) -> None:
         raise UserError(f"config key 'd_model' ({cfg.d_model}) must be a multiple of 'heads' "
                         f"({cfg.heads})")
 
+
+
+def _check_warmup_only(cfg: TrainConfig) -> None:
+    """A method whose GRPO steps are at lr 0 but that trains (``warmup_only``) measures the
+    warm-up alone: without one it would be the untrained policy under another name."""
+    from musketeers.method.methods import get
+
+    method = get(cfg.method)
+    if method.trains and not method.rl and not (cfg.adapter_warmup > 0
+                                                 and cfg.warmup_policy_lr > 0):
+        raise UserError(f"method {cfg.method} measures the supervised warm-up alone; give it "
+                        "one: --adapter-warmup N (> 0) and --warmup-policy-lr LR (> 0)")
 
 
 def _check_device(device: str) -> None:

@@ -49,6 +49,8 @@ def channel_comparisons(channel: str) -> tuple[Comparison, ...]:
 COMPARISONS: tuple[Comparison, ...] = (
     Comparison("regime: Single > untrained", {"method": "single"}, {"method": "untrained"},
                "training teaches the policy something at this budget"),
+    Comparison("RL: Single > warm-up only", {"method": "single"}, {"method": "warmup_only"},
+               "GRPO adds to what the supervised warm-up taught"),
     Comparison("reward: Ours > shuffled reward", OURS, {**OURS, "method": "shuffled_reward"},
                "the reward, not the updates themselves, raises Ours"),
     Comparison("oracle > Single", {**OURS, "team": "oracle"}, {"method": "single"},

@@ -63,6 +63,7 @@ class Method:
     shuffle_vectors: bool = False  # each item reads another item's expert vectors
     shuffle_rewards: bool = False  # rewards permuted within each update before advantages
     trains: bool = True  # False: every learning rate is 0, so the run scores its start
+    rl: bool = True  # False: GRPO's learning rates are 0, so only the warm-up trains
     # a fixed number of steps whatever the budget: a run that learns nothing needs one
     steps: int | None = None
     summary: str = ""
@@ -70,6 +71,11 @@ class Method:
     @property
     def uses_experts(self) -> bool:
         return bool(self.reads)
+
+    @property
+    def rl_updates(self) -> bool:
+        """Whether its GRPO steps move any weight."""
+        return self.trains and self.rl
 
 
 REGISTRY: dict[str, Method] = {}
@@ -227,6 +233,10 @@ register(Method("untrained", "Single, untrained (baseline)", None,
                 ignores=("team", *_NO_C, *_NO_WARMUP),
                 control_of="single", trains=False, steps=1,
                 summary="the policy before any update (learning rates 0): what training adds to"))
+register(Method("warmup_only", "Single, warm-up only (no RL)", None,
+                ignores=("team", *_NO_C), control_of="single", rl=False, steps=1,
+                summary="Single's supervised warm-up, then one GRPO step at learning rate 0: "
+                        "what RL adds to the warm-up"))
 
 
 def derangement(n: int, seed: int) -> torch.Tensor:

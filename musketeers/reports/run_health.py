@@ -19,10 +19,10 @@ def learning_signal(runs: list[Run]) -> list[str]:
     whose G rewards were all equal (advantage 0), the updates skipped for want of any such
     signal, and, only for runs trained without ``skip_no_signal``, the warning that their
     KL-only updates moved the adapter without reward."""
-    # a baseline that does not train (``untrained``: one step at lr 0) samples groups too, but
-    # its share says nothing of the signal the trained runs had
+    # a baseline whose GRPO step is at lr 0 (``untrained``, ``warmup_only``) samples groups
+    # too, but its share says nothing of the signal the trained runs had
     trained = [r for r in runs if r.status == "done" and r.no_signal is not None
-               and (r.spec is None or r.spec.trains)]
+               and (r.spec is None or r.spec.rl_updates)]
     if not trained:
         return answer_format(runs)
     fracs = [float(r.no_signal) for r in trained]

@@ -119,10 +119,11 @@ def build_components(cfg: TrainConfig, split: str, *, method: Method, limit: int
 def make_optimizer(cfg: TrainConfig, policy, adapter, method: Method):
     """AdamW with separate learning rates for LoRA (θ) and the adapter (φ); a LambdaLR.
 
-    A method that does not train (``untrained``) gets learning rate 0 for both: with lr 0
-    AdamW's step and its decoupled weight decay (a factor 1 - lr·λ) leave every weight as is,
-    and the run still samples, logs and checkpoints like any other."""
-    trains = method.trains
+    A method whose GRPO steps do not train (``untrained``; ``warmup_only``, after its
+    warm-up) gets learning rate 0 for both: with lr 0 AdamW's step and its decoupled weight
+    decay (a factor 1 - lr·λ) leave every weight as is, and the run still samples, logs and
+    checkpoints like any other."""
+    trains = method.rl_updates
     groups = [{"params": [p for p in policy.model.parameters() if p.requires_grad],
                "lr": cfg.lr if trains else 0.0}]
     adapter_params = list(adapter.parameters()) if adapter is not None else []
