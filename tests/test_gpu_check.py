@@ -48,3 +48,18 @@ def test_the_cpu_run_measures_every_part(tmp_path, model_dir):
     md = (out / "gpu_check.md").read_text()
     assert "smoke step" in md and "| forward |" in md and "bfloat16 max" in md
     assert "FAILED" not in md
+
+
+def test_the_paper_step_keeps_the_budgets_decode_settings(tmp_path, monkeypatch):
+    """On CUDA the check measures the step the budget runs: its own ``decode_prompts`` (32
+    prompts sampled as one batch) and graphs, never an override back to one micro-batch."""
+    from musketeers.bench import gpu_step, train_bench
+
+    seen: list[dict] = []
+    monkeypatch.setattr(train_bench, "run_steps",
+                        lambda params: seen.append(params["overrides"]) or {})
+    gpu_step.measure(tmp_path, tmp_path, "arithmetic", "paper", "as-is", 1, 0, device="cpu")
+    assert "decode_prompts" not in seen[0] and "decode_graphs" not in seen[0]
+    gpu_step.measure(tmp_path, tmp_path, "arithmetic", "paper", "as-is", 1, 0, device="cpu",
+                     decode_prompts=0, decode_graphs=False)
+    assert seen[1]["decode_prompts"] == 0 and seen[1]["decode_graphs"] is False

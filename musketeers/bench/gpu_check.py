@@ -61,7 +61,8 @@ def paper_step(args: argparse.Namespace, roof: dict[str, float]) -> dict[str, An
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     r = measure(args.store, args.out / "runs", args.task, args.budget, args.shape, args.reps,
-                args.warmup, device=args.device, decode_graphs=args.device == "cuda")
+                args.warmup, device=args.device,  # the budget's own decode settings
+                decode_graphs=None if args.device == "cuda" else False)
     summary = report(f"{args.budget}={args.shape}", r, roof)
     return {"budget": args.budget, "shape": args.shape, **summary,
             "peak_gpu_mib": r["peak_gpu_mib"], "completion_len": r["completion_len"],

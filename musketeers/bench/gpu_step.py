@@ -65,10 +65,11 @@ def device_roofline(device: str) -> dict[str, float]:
 
 
 def measure(store: Path, run_root: Path, task: str, budget: str, shape: str, reps: int,
-            warmup: int, device: str = "cuda", decode_prompts: int = 0,
-            decode_graphs: bool = False, extra: dict[str, int] | None = None
+            warmup: int, device: str = "cuda", decode_prompts: int | None = None,
+            decode_graphs: bool | None = None, extra: dict[str, int] | None = None
             ) -> dict[str, Any]:
-    """``warmup + reps`` steps of ``budget`` on the random ``shape``; phases vs the roofline."""
+    """``warmup + reps`` steps of ``budget`` on the random ``shape``; phases vs the roofline.
+    ``decode_prompts`` and ``decode_graphs`` left None keep the budget's own values."""
     from musketeers.bench.train_bench import run_steps
 
     os.environ[SHAPE_ENV] = shape
@@ -76,7 +77,9 @@ def measure(store: Path, run_root: Path, task: str, budget: str, shape: str, rep
               "device": device, "reps": reps, "warmup": warmup,
               "overrides": {"budget": budget, "roster": "tiny", "dtype": "bfloat16",
                             "policy": f"{__name__}:random_policy", "skip_no_signal": False,
-                            "decode_prompts": decode_prompts, "decode_graphs": decode_graphs,
+                            **{k: v for k, v in (("decode_prompts", decode_prompts),
+                                                 ("decode_graphs", decode_graphs))
+                               if v is not None},
                             **(extra or {})}}
     result = run_steps(params)
     result["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else 0
@@ -150,10 +153,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--case", action="append", default=None,
                    help="BUDGET=SHAPE (SHAPE a bench.gpu.PAPER_SHAPES key, or 'as-is' for the "
                         "folder's own config); default: pocket=as-is and paper=qwen2.5-3b")
-    p.add_argument("--decode-prompts", type=int, default=0,
-                   help="prompts sampled as one batch (the config field; 0: a micro-batch)")
-    p.add_argument("--decode-graphs", action="store_true",
-                   help="replay each decode step as a CUDA graph (the config field)")
+    p.add_argument("--decode-prompts", type=int, default=None,
+                   help="prompts sampled as one batch (the config field; 0: a micro-batch); "
+                        "default: the budget's")
+    p.add_argument("--decode-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="replay each decode step as a CUDA graph (the config field); "
+                        "default: the budget's")
     p.add_argument("--check-decode", type=int, default=0, metavar="ROWS",
                    help="first compare eager and graphed greedy decoding on ROWS rows")
     p.add_argument("--set", action="append", default=[], metavar="KEY=N",
