@@ -68,3 +68,20 @@ def test_the_grpo_step_moves_nothing_after_the_warm_up(tmp_path, monkeypatch):
     assert s_rows == rows  # the same seeded warm-up as Single's
     assert all(torch.equal(warmed[n], s_warmed[n]) for n in warmed)
     assert any(not torch.equal(s_warmed[n], s_end[n]) for n in s_warmed)  # Single's RL moves
+
+
+def test_table1_has_a_warm_up_only_row_where_the_runs_hold_one():
+    """The design's grids do not warm up, so they cannot run this arm: its row would be
+    empty in every one of their reports. A grid that ran it has the row."""
+    from pathlib import Path
+
+    from musketeers.reports.aggregate import Run
+    from musketeers.reports.tables import table1_rows
+
+    def labels(runs):
+        return [row.key.get("method") for row in table1_rows(runs)]
+
+    assert "warmup_only" not in labels([])
+    assert "untrained" in labels([])  # a control the design runs keeps its row
+    run = Run("w", Path("w"), {"method": "warmup_only", "task": "arithmetic"}, "done")
+    assert "warmup_only" in labels([run])
