@@ -870,9 +870,13 @@ def test_routing_changes_come_from_the_summary_when_it_has_them(tmp_path: Path):
 
 
 def test_table1_has_control_rows_after_the_methods(tmp_path: Path):
+    from musketeers.design import experiment
     from musketeers.method import methods
 
-    controls = [m.name for m in methods.REGISTRY.values() if m.control_of]
+    # without runs, the controls the design runs (warm-up only needs a grid that warms up)
+    designed = {m for part in experiment.DESIGN for m in part.values("method")}
+    controls = [m.name for m in methods.REGISTRY.values() if m.control_of and m.name in designed]
+    assert "untrained" in controls and "warmup_only" not in controls
     assert [row.key["method"] for row in TABLE1[-len(controls):]] == controls
     assert not any(row.control for row in TABLE1[:-len(controls)])
     write_run(tmp_path, "ctl", 0.25, seed=0, **{**KEY, "method": "zero_context"})
