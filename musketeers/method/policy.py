@@ -62,7 +62,11 @@ class PolicyInputs(NamedTuple):
 
 
 class Policy:
-    """LoRA-wrapped causal LM with context tokens spliced into its input embeddings."""
+    """LoRA-wrapped causal LM with context tokens spliced into its input embeddings.
+
+    It lays out a batch, runs the shared prefill and samples; ``completion_logprobs`` scores
+    given completions through the teacher-forced passes (``musketeers.method.teacher_forced``).
+    """
 
     def __init__(
         self,

@@ -24,10 +24,10 @@ from torch import Tensor, nn
 
 from musketeers.cache.backbone import pad
 from musketeers.cache.batching import length_batches
-from musketeers.method.chosen_logprobs import chosen_logprobs, chunked_head, hidden_out
+from musketeers.method.chosen_logprobs import chunked_head, hidden_out, output_logprobs
 from musketeers.method.fast.sharing import cache_rows
 from musketeers.method.policy_model import teacher_forced_attention
-from musketeers.method.sampling import CACHE_KW, kv_cache, token_logprobs
+from musketeers.method.sampling import CACHE_KW, kv_cache
 
 if TYPE_CHECKING:  # a type only: the policy calls these passes, they never build one
     from musketeers.method.policy import Policy
@@ -53,7 +53,7 @@ def teacher_forced(policy: Policy, prompts: list[list[int]], context: Tensor | N
                                           temperature, head)
         prompts, context = expand(prompts, context, len(completion_ids))
         out, ids, mask = joint_logits(policy, prompts, context, completion_ids)
-        return chosen(out, ids, temperature, head) * mask, mask
+        return output_logprobs(out, head, ids, temperature) * mask, mask
 
 
 def expand(prompt_ids: list[list[int]], context: Tensor | None,
@@ -67,14 +67,6 @@ def expand(prompt_ids: list[list[int]], context: Tensor | None,
     g = n // b
     prompts = [p for p in prompt_ids for _ in range(g)]
     return prompts, None if context is None else context.repeat_interleave(g, dim=0)
-
-
-def chosen(out: Tensor, ids: Tensor, temperature: float, head: nn.Linear | None) -> Tensor:
-    """Log-probs of ``ids`` from the model's output: hidden states under ``hidden_out``
-    (``head`` given), logits otherwise."""
-    if head is None:
-        return token_logprobs(out, ids, temperature)
-    return chosen_logprobs(out, head, ids, temperature)
 
 
 def joint_logits(policy: Policy, prompts: list[list[int]], context: Tensor | None,
@@ -139,7 +131,7 @@ def shared_prefix_logprobs(policy: Policy, prompts: list[list[int]], context: Te
                     **{CACHE_KW: cache_rows(kv_cache(out), src)})
         logits = torch.cat([first[src].unsqueeze(1), nxt.logits[:, :-1]], dim=1)
         del nxt  # its output, freed before the next chunk's
-        logp = chosen(logits, ids, temperature, head) * cmask
+        logp = output_logprobs(logits, head, ids, temperature) * cmask
         pieces.append(torch.nn.functional.pad(logp, (0, t - ids.shape[1])))
         order.extend(chunk)
     back = torch.tensor(order, device=device).argsort()  # rows back in their order
