@@ -6,7 +6,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from musketeers.method import chosen_logprobs as chosen
-from musketeers.method import policy as policy_module
+from musketeers.method import teacher_forced
 from musketeers.method.sampling import token_logprobs
 from tests.test_policy import COMPS, PROMPTS, V, ctx, make_policy
 
@@ -63,7 +63,7 @@ def policy_pass(pol, grad: bool, shared: bool) -> tuple[torch.Tensor, list[torch
     the gradients of a weighted sum of them with respect to C and the LoRA weights."""
     c = ctx(pol).requires_grad_(grad)
     prompts = pol.encode_prompts(PROMPTS)
-    if not shared:  # one row per completion: the ``_joint_logits`` path
+    if not shared:  # one row per completion: the ``joint_logits`` path
         prompts, c2 = [p for p in prompts for _ in range(2)], c.repeat_interleave(2, 0)
     else:
         c2 = c
@@ -80,7 +80,7 @@ def test_policy_logprobs_and_grads_equal_the_unchunked_pass(monkeypatch, shared)
     pol = make_policy(arch="qwen2", position="before_generation_prompt")
     monkeypatch.setattr(chosen, "CHUNK_ELEMENTS", 2 * V)  # two positions per chunk
     logp, grads = policy_pass(pol, grad=True, shared=shared)
-    monkeypatch.setattr(policy_module, "chunked_head", lambda model: None)  # full logits
+    monkeypatch.setattr(teacher_forced, "chunked_head", lambda model: None)  # full logits
     logp_full, grads_full = policy_pass(pol, grad=True, shared=shared)
     assert close(logp, logp_full)
     assert all(close(a, b) for a, b in zip(grads, grads_full, strict=True))
@@ -99,7 +99,7 @@ def test_no_vocabulary_tensor_exceeds_one_chunk(monkeypatch, shared):
     # (the common head's logits_to_keep=1, before ``hidden_out`` applies): at most one row
     assert seen.largest <= 2 * V
     # the same measure catches the unchunked pass: its logits span every position at once
-    monkeypatch.setattr(policy_module, "chunked_head", lambda model: None)
+    monkeypatch.setattr(teacher_forced, "chunked_head", lambda model: None)
     with LargestVocabTensor(head) as full:
         policy_pass(pol, grad=True, shared=shared)
     assert full.largest >= n_positions * V / 2

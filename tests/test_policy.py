@@ -154,7 +154,7 @@ COMPS4 = [[5, 6, 7, 1, 9], [8, 2], [9, 10, 11, 12, 13, 14, 3], [1, 4, 4],
 @pytest.mark.parametrize("chunk_cost", [0, 3, 10**6])  # each length alone; mixed; one chunk
 def test_batched_logprobs_and_grads_equal_one_at_a_time(arch, position, chunk_cost,
                                                         monkeypatch):
-    monkeypatch.setattr("musketeers.method.policy.CHUNK_COST", chunk_cost)
+    monkeypatch.setattr("musketeers.method.teacher_forced.CHUNK_COST", chunk_cost)
     pol = make_policy(arch, position)
     p = pol.encode_prompts(PROMPTS)
     c = ctx(pol).requires_grad_(True)

@@ -23,6 +23,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from musketeers.method.sampling import token_logprobs
+
 # 32 Mi values (128 MiB in float32) per chunk of logits: the head's weight is read once per
 # chunk, so a larger chunk reads it less often; at Qwen's vocabulary this is 220 positions
 CHUNK_ELEMENTS = 2**25
@@ -110,6 +112,15 @@ def hidden_out(head: nn.Linear | None) -> Iterator[None]:
         yield
     finally:
         del head.forward  # the class's forward again
+
+
+def output_logprobs(out: Tensor, head: nn.Linear | None, ids: Tensor,
+                    temperature: float) -> Tensor:
+    """Log-probs of ``ids`` from a model's output: its final hidden states under
+    ``hidden_out(head)`` (``head`` given), its logits otherwise (``head`` None)."""
+    if head is None:
+        return token_logprobs(out, ids, temperature)
+    return chosen_logprobs(out, head, ids, temperature)
 
 
 def _identity(x: Tensor) -> Tensor:

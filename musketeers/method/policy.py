@@ -43,24 +43,13 @@ import torch
 from peft import LoraConfig, get_peft_model
 from torch import Tensor
 
-from musketeers.cache.backbone import pad
-from musketeers.cache.batching import length_batches
 from musketeers.cache.prompts import generation_prompt_len, render_prompt
-from musketeers.method.chosen_logprobs import chosen_logprobs, chunked_head, hidden_out
 from musketeers.method.fast import fast_decode
-from musketeers.method.fast.sharing import cache_rows, common_head
+from musketeers.method.fast.sharing import common_head
 from musketeers.method.placement import CONTEXT_POSITIONS
-from musketeers.method.policy_model import (
-    contiguous_input,
-    target_modules,
-    teacher_forced_attention,
-)
-from musketeers.method.sampling import CACHE_KW, kv_cache, token_logprobs
-
-# A forward's own cost, in tokens, when completions are split by length (length_batches): on a
-# CPU a pass reads every weight once whatever it computes. Accelerators run one chunk: padding
-# is cheap there until the device saturates, and no split was measured on one.
-CHUNK_COST = 32
+from musketeers.method.policy_model import contiguous_input, target_modules
+from musketeers.method.sampling import CACHE_KW, kv_cache
+from musketeers.method.teacher_forced import teacher_forced
 
 
 class PolicyInputs(NamedTuple):
@@ -73,7 +62,11 @@ class PolicyInputs(NamedTuple):
 
 
 class Policy:
-    """LoRA-wrapped causal LM with context tokens spliced into its input embeddings."""
+    """LoRA-wrapped causal LM with context tokens spliced into its input embeddings.
+
+    It lays out a batch, runs the shared prefill and samples; ``completion_logprobs`` scores
+    given completions through the teacher-forced passes (``musketeers.method.teacher_forced``).
+    """
 
     def __init__(
         self,
@@ -192,17 +185,46 @@ class Policy:
             return prompt_len
         return min(self.generation_prompt_len, prompt_len)
 
-    @staticmethod
-    def _expand(prompt_ids: list[list[int]], context: Tensor | None, n: int):
-        """Repeat each of B prompts (and its context) n // B times, group-major."""
-        b = len(prompt_ids)
-        if n == b:
-            return prompt_ids, context
-        if n % b:
-            raise ValueError(f"{n} completions is not a multiple of {b} prompts")
-        g = n // b
-        prompts = [p for p in prompt_ids for _ in range(g)]
-        return prompts, None if context is None else context.repeat_interleave(g, dim=0)
+    # ---- the shared prefill ----------------------------------------------------------
+
+    def _shared_prefill(self, prompts: list[list[int]], context: Tensor | None, g: int):
+        """One forward over B prefixes [x ‖ C], its KV cache repeated G times (group-major) so
+        that B·G rows continue from it: the output (holding each prefix's last logits) and
+        the prefix mask [B, P'].
+
+        The head every prompt starts with (``_common_head``: a chat template's system turn,
+        37 of the 73 tokens of a pocket arithmetic prompt) runs once, as one row, and its
+        cache is repeated B times; the rest of each prefix follows it, padded on the left of
+        the rest, so a row reads [head | pad … | x_rest ‖ C]. Position ids still count real
+        tokens, so every token sees what it would alone. The 400 pocket validation prompts, in
+        evaluation batches of 64 with m = 8, prefill 1.73× fewer tokens (arithmetic) and
+        1.29× (algorithmic).
+        """
+        k = self._common_head(prompts)
+        head = None
+        if k:
+            ids = torch.tensor([prompts[0][:k]], dtype=torch.long, device=self.device)
+            # only its KV cache is read: logits for one position, not for every head token
+            head = kv_cache(self.model(inputs_embeds=self.model.get_input_embeddings()(ids),
+                                       use_cache=True, logits_to_keep=1))
+            head.batch_repeat_interleave(len(prompts))
+            prompts = [p[k:] for p in prompts]
+        inp = self.build_inputs(prompts, context)
+        mask = torch.cat([inp.attention_mask.new_ones(len(prompts), k), inp.attention_mask], 1)
+        out = self.model(inputs_embeds=inp.inputs_embeds, attention_mask=mask,
+                         position_ids=inp.position_ids + k, use_cache=True, logits_to_keep=1,
+                         **{CACHE_KW: head})
+        if g > 1:
+            kv_cache(out).batch_repeat_interleave(g)
+        return out, mask
+
+    def _common_head(self, prompts: list[list[int]]) -> int:
+        """How many leading tokens all prompts share before C's slot, each row keeping at
+        least one token of its own (so its prefix's last logits are its own)."""
+        if not self.share:
+            return 0
+        return common_head(prompts, [min(len(p) - self._tokens_after_context(len(p)),
+                                         len(p) - 1) for p in prompts])
 
     # ---- sampling ------------------------------------------------------------------------
 
@@ -267,128 +289,5 @@ class Policy:
         if reference:
             with torch.no_grad(), self.model.disable_adapter():
                 zeros = None if context is None else torch.zeros_like(context)
-                return self._logprobs(prompt_ids, zeros, completion_ids, temperature)
-        return self._logprobs(prompt_ids, context, completion_ids, temperature)
-
-    def _logprobs(self, prompts, context, completion_ids, temperature):
-        t = max((len(c) for c in completion_ids), default=0)
-        # the model returns final hidden states, and the head runs in chunks of positions
-        # (``chosen_logprobs``): never a [N, T, V] tensor; the full logits where it cannot
-        head = chunked_head(self.model)
-        with teacher_forced_attention(self.model, self.device), hidden_out(head):
-            if len(prompts) < len(completion_ids) and t > 0:
-                return self._shared_prefix_logprobs(prompts, context, completion_ids,
-                                                    temperature, head)
-            prompts, context = self._expand(prompts, context, len(completion_ids))
-            out, ids, mask = self._joint_logits(prompts, context, completion_ids)
-            return self._chosen(out, ids, temperature, head) * mask, mask
-
-    @staticmethod
-    def _chosen(out: Tensor, ids: Tensor, temperature: float, head) -> Tensor:
-        """Log-probs of ``ids`` from the model's output: hidden states under ``hidden_out``
-        (``head`` given), logits otherwise."""
-        if head is None:
-            return token_logprobs(out, ids, temperature)
-        return chosen_logprobs(out, head, ids, temperature)
-
-    def _joint_logits(self, prompts, context, completion_ids):
-        """Logits predicting each completion token from one forward over [prefix | completion]
-        per row: [N, T, V] ([N, T, d] under ``hidden_out``), with the completion ids and mask."""
-        inp = self.build_inputs(prompts, context, completion_ids)
-        t = inp.completion_ids.shape[1]
-        # logits only at columns P-1 … P+T-2 (the last T+1 minus the final one): the LM head
-        # over a large vocabulary dominates the cost otherwise
-        out = self.model(
-            inputs_embeds=inp.inputs_embeds,
-            attention_mask=inp.attention_mask,
-            position_ids=inp.position_ids,
-            logits_to_keep=t + 1,
-            use_cache=False,
-        )
-        return out.logits[:, :-1], inp.completion_ids, inp.completion_mask
-
-    def _shared_prefix_logprobs(self, prompts, context, completion_ids, temperature, head):
-        """The log-probs ``_joint_logits`` gives, with each group's prefix [x ‖ C] run once
-        and the completions run in chunks of similar length.
-
-        The B prefixes go through the model once (``_shared_prefill``); each chunk of
-        completions continues from its rows of that KV cache, and gradients from all G
-        completions of a group flow back into its one prefix pass (the sum a G-fold copy would
-        give). Every prefix ends at column P, so the prefix pass's last logits predict every
-        completion's first token. A chunk is right-padded only to its own longest completion
-        (``cache.batching.length_batches``), not to the batch's.
-        """
-        g = len(completion_ids) // len(prompts)
-        if g * len(prompts) != len(completion_ids):
-            raise ValueError(f"{len(completion_ids)} completions is not a multiple of "
-                             f"{len(prompts)} prompts")
-        out, prefix_mask = self._shared_prefill(prompts, context, 1)
-        first = out.logits[:, -1]  # [B, V] (or [B, d] under hidden_out): a first token's
-        lengths = [len(c) for c in completion_ids]
-        t = max(lengths)
-        fixed = CHUNK_COST if self.share and self.device.type == "cpu" else None
-        chunks = (length_batches(lengths, overhead=fixed) if fixed is not None
-                  else [range(len(lengths))])
-        pieces, order = [], []
-        _, mask = pad(completion_ids, self.pad_id, "right")
-        for chunk in chunks:
-            rows = torch.tensor(list(chunk), device=self.device)
-            src = rows // g  # each completion's prompt
-            ids, cmask = pad([completion_ids[r] for r in chunk], self.pad_id, "right")
-            ids, cmask = ids.to(self.device), cmask.to(self.device)
-            pmask = prefix_mask[src]
-            # positions continue from each prefix's real-token count (the cumsum rule)
-            start = pmask.sum(-1, keepdim=True)
-            positions = (start + torch.arange(ids.shape[1], device=self.device)).masked_fill(
-                cmask == 0, 0)
-            nxt = self.model(inputs_embeds=self.model.get_input_embeddings()(ids),
-                             attention_mask=torch.cat([pmask, cmask], dim=1),
-                             position_ids=positions,
-                             use_cache=True, logits_to_keep=ids.shape[1],
-                             **{CACHE_KW: cache_rows(kv_cache(out), src)})
-            logits = torch.cat([first[src].unsqueeze(1), nxt.logits[:, :-1]], dim=1)
-            del nxt  # its output, freed before the next chunk's
-            logp = self._chosen(logits, ids, temperature, head) * cmask
-            pieces.append(torch.nn.functional.pad(logp, (0, t - ids.shape[1])))
-            order.extend(chunk)
-        back = torch.tensor(order, device=self.device).argsort()  # rows back in their order
-        return torch.cat(pieces)[back], mask.to(self.device)
-
-    def _shared_prefill(self, prompts: list[list[int]], context: Tensor | None, g: int):
-        """One forward over B prefixes [x ‖ C], its KV cache repeated G times (group-major) so
-        that B·G rows continue from it: the output (holding each prefix's last logits) and
-        the prefix mask [B, P'].
-
-        The head every prompt starts with (``_common_head``: a chat template's system turn,
-        37 of the 73 tokens of a pocket arithmetic prompt) runs once, as one row, and its
-        cache is repeated B times; the rest of each prefix follows it, padded on the left of
-        the rest, so a row reads [head | pad … | x_rest ‖ C]. Position ids still count real
-        tokens, so every token sees what it would alone. The 400 pocket validation prompts, in
-        evaluation batches of 64 with m = 8, prefill 1.73× fewer tokens (arithmetic) and
-        1.29× (algorithmic).
-        """
-        k = self._common_head(prompts)
-        head = None
-        if k:
-            ids = torch.tensor([prompts[0][:k]], dtype=torch.long, device=self.device)
-            # only its KV cache is read: logits for one position, not for every head token
-            head = kv_cache(self.model(inputs_embeds=self.model.get_input_embeddings()(ids),
-                                       use_cache=True, logits_to_keep=1))
-            head.batch_repeat_interleave(len(prompts))
-            prompts = [p[k:] for p in prompts]
-        inp = self.build_inputs(prompts, context)
-        mask = torch.cat([inp.attention_mask.new_ones(len(prompts), k), inp.attention_mask], 1)
-        out = self.model(inputs_embeds=inp.inputs_embeds, attention_mask=mask,
-                         position_ids=inp.position_ids + k, use_cache=True, logits_to_keep=1,
-                         **{CACHE_KW: head})
-        if g > 1:
-            kv_cache(out).batch_repeat_interleave(g)
-        return out, mask
-
-    def _common_head(self, prompts: list[list[int]]) -> int:
-        """How many leading tokens all prompts share before C's slot, each row keeping at
-        least one token of its own (so its prefix's last logits are its own)."""
-        if not self.share:
-            return 0
-        return common_head(prompts, [min(len(p) - self._tokens_after_context(len(p)),
-                                         len(p) - 1) for p in prompts])
+                return teacher_forced(self, prompt_ids, zeros, completion_ids, temperature)
+        return teacher_forced(self, prompt_ids, context, completion_ids, temperature)

@@ -31,7 +31,6 @@ from musketeers.method.expert_tokens import ExpertInput
 from musketeers.method.grpo import compute_advantages, zero_variance_groups
 from musketeers.runtime.distributed import World
 from musketeers.runtime.seeds import derived_seed
-from musketeers.runtime.step_profile import decode_batches
 
 if TYPE_CHECKING:  # a type only: config imports the method's registries, never the reverse
     from musketeers.config import TrainConfig
@@ -155,19 +154,20 @@ def policy_score(item: Item, text: str, extraction: str = "strict") -> float:
 
 
 def sample(cfg: TrainConfig, step: int, policy, adapter, data: Batches,
-           chunks: list[tuple[torch.Tensor, list[int]]], fault: FaultHook | None,
-           vector_source: VectorSource | None) -> list[Rollout]:
+           chunks: list[tuple[torch.Tensor, list[int]]], together: list[list[int]],
+           fault: FaultHook | None, vector_source: VectorSource | None) -> list[Rollout]:
     """Pass 1: sample G completions for each prompt of each micro-batch ``(rows, positions
     in the update)`` and score them; one Rollout per micro-batch.
 
-    Micro-batches decode together, ``cfg.decode_prompts`` prompts at a time (0: one
-    micro-batch): every prompt draws from its own stream and keeps its own C, so this
-    changes how many rows share a decode step, not what any row samples."""
+    The micro-batches of each list in ``together`` decode as one batch (the run's
+    ``decode_batches``, ``cfg.decode_prompts`` prompts at a time): every prompt draws from its
+    own stream and keeps its own C, so this changes how many rows share a decode step, not
+    what any row samples."""
     from musketeers.tasks import extract_answer
 
     parts = [_prepare(cfg, step, policy, adapter, data, rows, positions, vector_source)
              for rows, positions in chunks]
-    completions = _decode_together(cfg, step, policy, parts, [p for _, p in chunks])
+    completions = _decode_together(cfg, step, policy, parts, [p for _, p in chunks], together)
     g, eos, rollouts = cfg.group_size, set(policy.eos_ids), []
     for part, comps in zip(parts, completions, strict=True):
         texts = [policy.decode(c) for c in comps]
@@ -199,11 +199,12 @@ def _prepare(cfg: TrainConfig, step: int, policy, adapter, data: Batches, rows: 
 
 
 def _decode_together(cfg: TrainConfig, step: int, policy, parts: list[Rollout],
-                     positions: list[list[int]]) -> list[list[list[int]]]:
-    """Each part's B·G completions, consecutive parts decoded as one batch of up to
-    ``cfg.decode_prompts`` prompts."""
+                     positions: list[list[int]], together: list[list[int]]
+                     ) -> list[list[list[int]]]:
+    """Each part's B·G completions, the parts of each list in ``together`` decoded as one
+    batch."""
     out: list[list[list[int]]] = []
-    for batch in decode_batches([len(p.items) for p in parts], cfg.decode_prompts):
+    for batch in together:
         contexts = [parts[i].context for i in batch]
         with torch.no_grad():
             comps = policy.generate(

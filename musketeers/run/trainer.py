@@ -66,7 +66,7 @@ from musketeers.run.launch import (  # noqa: F401  (check_world, torch_threads: 
 from musketeers.run.runlog import log_tb, tensorboard
 from musketeers.run.step_metrics import context_scale, merge_parts, metrics_row, step_parts
 from musketeers.runtime.distributed import World
-from musketeers.runtime.step_profile import PhaseClock, step_work
+from musketeers.runtime.step_profile import PhaseClock, decode_batches, step_work
 
 log = logging.getLogger("musketeers.train")
 
@@ -98,15 +98,19 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
     world = world or World()
     t0 = time.perf_counter()
     b = cfg.prompts_per_micro
+    # the step's plan, once: its rows, this rank's share in micro-batches (rows, positions in
+    # the update), and which micro-batches decode together
     rows = epoch_rows(len(data), cfg.seed, step, b * cfg.grad_accum)
     mine = world.shard(len(rows))
+    micro = [(rows[i:min(i + b, mine.stop)], list(range(i, min(i + b, mine.stop))))
+             for i in range(mine.start, mine.stop, b)]
+    together = decode_batches([len(r) for r, _ in micro], cfg.decode_prompts)
     if adapter is not None:
         adapter.train()
     clock = PhaseClock(torch.cuda.synchronize if policy.device.type == "cuda" else None)
     with clock.phase("sample"):
-        rollouts = sample(cfg, step, policy, adapter, data,
-                          [(rows[i:min(i + b, mine.stop)], list(range(i, min(i + b, mine.stop))))
-                           for i in range(mine.start, mine.stop, b)], fault, vector_source)
+        rollouts = sample(cfg, step, policy, adapter, data, micro, together, fault,
+                          vector_source)
     any_kept, signal = assign_advantages(cfg, step, rollouts, method, world)
     # before the update, so it compares with this step's reward_mean (same weights, prompts)
     without_c = None
