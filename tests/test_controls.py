@@ -117,7 +117,8 @@ def test_advantages_span_the_whole_update():
     """RLOO+ per-task standardisation pools a task's prompts over every micro-batch."""
     from musketeers.cache.items import Item
     from musketeers.config import TrainConfig
-    from musketeers.method.rollout import Rollout, assign_advantages
+    from musketeers.method.advantages import assign_advantages
+    from musketeers.method.rollout import Rollout
 
     def rollout(sources, rewards):
         items = [Item(str(i), "q", "", "1", "{}", s) for i, s in enumerate(sources)]

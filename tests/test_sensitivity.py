@@ -13,7 +13,7 @@ from scipy import stats as sps
 
 from musketeers.cache.items import Item
 from musketeers.cache.prompts import oracle_view
-from musketeers.method.rollout import shuffle_within_groups
+from musketeers.method.advantages import shuffle_within_groups
 from musketeers.reports import stats
 from musketeers.reports.aggregate import load_runs
 from musketeers.reports.probes import identical_share, probe, run_probes, wilson

@@ -263,6 +263,13 @@ class Policy:
             temperature=temperature, top_p=top_p, greedy=greedy, generator=generator)
         return [self._strip(row) for row in out.tolist()]
 
+    def sample_texts(self, prompt_ids: list[list[int]], context: Tensor | None,
+                     **kw: Any) -> tuple[list[list[int]], list[str]]:
+        """``generate``'s completions (same arguments) with their decoded texts: a rollout's
+        sampling in one call."""
+        completions = self.generate(prompt_ids, context, **kw)
+        return completions, [self.decode(c) for c in completions]
+
     def _strip(self, row: list[int]) -> list[int]:
         for i, tok in enumerate(row):
             if tok in self.eos_ids:

@@ -7,11 +7,8 @@ micro-batch:
   1. ``sample``: per micro-batch, C from the adapter and G completions per prompt, scored;
      every prompt's draws come from its own stream, seeded by (seed, step, its position in
      the update), so how the update is cut into micro-batches and ranks changes no sample;
-  2. ``assign_advantages``: rewards of every micro-batch → advantages, so RLOO+'s per-task
-     standardisation pools every prompt of a task in the update (per micro-batch, most
-     prompts had no other of their dataset and LOO only rescaled GRPO); the
-     ``shuffled_reward`` control permutes each group's rewards here; under data parallelism
-     each rank gathers every rank's rewards first (``musketeers.runtime.distributed``);
+  2. ``advantages.assign_advantages``: rewards of every micro-batch (of every rank) →
+     advantages, and the groups that enter the loss;
   3. ``reference_passes``: old and reference log-probs of the groups that enter the loss.
 """
 
@@ -26,10 +23,7 @@ import torch
 
 from musketeers.cache.errors import UserError
 from musketeers.cache.items import Item
-from musketeers.method import methods
 from musketeers.method.expert_tokens import ExpertInput
-from musketeers.method.grpo import compute_advantages, zero_variance_groups
-from musketeers.runtime.distributed import World
 from musketeers.runtime.seeds import derived_seed
 
 if TYPE_CHECKING:  # a type only: config imports the method's registries, never the reverse
@@ -41,8 +35,7 @@ FaultHook = Callable[[int, str, torch.Tensor], torch.Tensor]
 VectorSource = Callable[[list[Item], torch.Tensor], list[ExpertInput]]
 # (CPU generator state, CUDA generator state or None): what the adapter's random draws use
 RngState = tuple[torch.Tensor, torch.Tensor | None]
-_SHUFFLE_TAG = 0x5F1E  # derived_seed stream of the shuffled_reward control
-_NO_CONTEXT_TAG = 0x0C7A  # ... and of Figure 5's samples without C
+_NO_CONTEXT_TAG = 0x0C7A  # derived_seed stream of Figure 5's samples without C
 _SAMPLE_TAG = 0x5A3D  # ... of each prompt's completions
 _ADAPTER_TAG = 0xAD7A  # ... of a micro-batch's adapter draws (hard routing's Gumbel noise)
 
@@ -86,6 +79,7 @@ class Rollout:
     adapter_rng: RngState | None = None  # RNG states before the rollout's adapter call
     adv: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # [B, G]
     keep: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.bool))
+    zero_var: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.bool))
     old_logp: torch.Tensor | None = None  # [B'·G, T] for kept groups (None when μ = 1)
     ref_logp: torch.Tensor | None = None
 
@@ -167,10 +161,9 @@ def sample(cfg: TrainConfig, step: int, policy, adapter, data: Batches,
 
     parts = [_prepare(cfg, step, policy, adapter, data, rows, positions, vector_source)
              for rows, positions in chunks]
-    completions = _decode_together(cfg, step, policy, parts, [p for _, p in chunks], together)
+    sampled = _decode_together(cfg, step, policy, parts, [p for _, p in chunks], together)
     g, eos, rollouts = cfg.group_size, set(policy.eos_ids), []
-    for part, comps in zip(parts, completions, strict=True):
-        texts = [policy.decode(c) for c in comps]
+    for part, (comps, texts) in zip(parts, sampled, strict=True):
         rewards = torch.tensor([[policy_score(it, texts[b * g + j], cfg.extraction)
                                  for j in range(g)]
                                 for b, it in enumerate(part.items)], dtype=torch.float32)
@@ -200,14 +193,14 @@ def _prepare(cfg: TrainConfig, step: int, policy, adapter, data: Batches, rows: 
 
 def _decode_together(cfg: TrainConfig, step: int, policy, parts: list[Rollout],
                      positions: list[list[int]], together: list[list[int]]
-                     ) -> list[list[list[int]]]:
-    """Each part's B·G completions, the parts of each list in ``together`` decoded as one
-    batch."""
-    out: list[list[list[int]]] = []
+                     ) -> list[tuple[list[list[int]], list[str]]]:
+    """Each part's B·G completions and their texts, the parts of each list in ``together``
+    decoded as one batch."""
+    out: list[tuple[list[list[int]], list[str]]] = []
     for batch in together:
         contexts = [parts[i].context for i in batch]
         with torch.no_grad():
-            comps = policy.generate(
+            comps, texts = policy.sample_texts(
                 [p for i in batch for p in parts[i].prompt_ids],
                 None if contexts[0] is None else torch.cat(contexts),
                 group_size=cfg.group_size, max_new_tokens=cfg.max_new_tokens,
@@ -216,49 +209,9 @@ def _decode_together(cfg: TrainConfig, step: int, policy, parts: list[Rollout],
                                             [p for i in batch for p in positions[i]]))
         for i in batch:
             n = len(parts[i].items) * cfg.group_size
-            out.append(comps[:n])
-            comps = comps[n:]
+            out.append((comps[:n], texts[:n]))
+            comps, texts = comps[n:], texts[n:]
     return out
-
-
-def shuffle_within_groups(rewards: torch.Tensor, seed: int) -> torch.Tensor:
-    """The ``shuffled_reward`` control's rewards: each group's [G] row permuted on its own.
-
-    Every group keeps its multiset of rewards, so the same groups carry signal and the
-    advantages keep their magnitudes; only which completion earned which is lost. (Permuting
-    across the update instead changes which groups carry signal, and damages the policy.)
-    """
-    g = torch.Generator().manual_seed(seed)
-    perm = torch.argsort(torch.rand(rewards.shape, generator=g), dim=1)
-    return torch.gather(rewards, 1, perm)
-
-
-def assign_advantages(cfg: TrainConfig, step: int, rollouts: list[Rollout],
-                      method: methods.Method, world: World | None = None
-                      ) -> tuple[bool, bool]:
-    """Pass 2: advantages over the whole update (every micro-batch of every rank), and which
-    groups enter the loss. The ``shuffled_reward`` control permutes each group's rewards
-    first, from a stream seeded by (seed, step) alone, so it samples exactly what Ours samples.
-
-    Returns, for the whole update: whether any group enters the loss, and whether any of
-    those carries a non-zero advantage (a policy gradient)."""
-    world = world or World()
-    mine = ([r.rewards for r in rollouts], [it.source for r in rollouts for it in r.items])
-    gathered = world.all_gather(mine)
-    rewards = torch.cat([t for ranks_rewards, _ in gathered for t in ranks_rewards])  # [B, G]
-    if method.shuffle_rewards:
-        rewards = shuffle_within_groups(rewards, derived_seed(cfg.seed, _SHUFFLE_TAG, step))
-    sources = [src for _, ranks_sources in gathered for src in ranks_sources]
-    adv = compute_advantages(rewards, advantage=cfg.advantage, reward_norm=cfg.reward_norm,
-                             sources=sources)
-    keep = ~zero_variance_groups(rewards) if cfg.dynamic_sampling else \
-        torch.ones(len(sources), dtype=torch.bool)
-    start = sum(len(s) for _, s in gathered[:world.rank])  # this rank's first prompt
-    for r in rollouts:
-        b = len(r.items)
-        r.adv, r.keep = adv[start:start + b], keep[start:start + b]
-        start += b
-    return bool(keep.any()), bool(keep.any()) and bool((adv[keep] != 0).any())
 
 
 def reference_passes(cfg: TrainConfig, policy, r: Rollout) -> None:

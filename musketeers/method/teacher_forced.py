@@ -46,14 +46,15 @@ def teacher_forced(policy: Policy, prompts: list[list[int]], context: Tensor | N
     t = max((len(c) for c in completion_ids), default=0)
     # the model returns final hidden states, and the head runs in chunks of positions
     # (``chosen_logprobs``): never a [N, T, V] tensor; the full logits where it cannot
-    head = chunked_head(policy.model)
-    with teacher_forced_attention(policy.model, policy.device), hidden_out(head):
-        if len(prompts) < len(completion_ids) and t > 0:
-            return shared_prefix_logprobs(policy, prompts, context, completion_ids,
-                                          temperature, head)
-        prompts, context = expand(prompts, context, len(completion_ids))
-        out, ids, mask = joint_logits(policy, prompts, context, completion_ids)
-        return output_logprobs(out, head, ids, temperature) * mask, mask
+    with teacher_forced_attention(policy.model, policy.device):
+        head = chunked_head(policy.model)
+        with hidden_out(head):
+            if len(prompts) < len(completion_ids) and t > 0:
+                return shared_prefix_logprobs(policy, prompts, context, completion_ids,
+                                              temperature, head)
+            prompts, context = expand(prompts, context, len(completion_ids))
+            out, ids, mask = joint_logits(policy, prompts, context, completion_ids)
+            return output_logprobs(out, head, ids, temperature) * mask, mask
 
 
 def expand(prompt_ids: list[list[int]], context: Tensor | None,
@@ -105,10 +106,10 @@ def shared_prefix_logprobs(policy: Policy, prompts: list[list[int]], context: Te
         raise ValueError(f"{len(completion_ids)} completions is not a multiple of "
                          f"{len(prompts)} prompts")
     device, model = policy.device, policy.model
-    out, prefix_mask = policy._shared_prefill(prompts, context, 1)
-    first = out.logits[:, -1]  # [B, V] (or [B, d] under hidden_out): a first token's
     lengths = [len(c) for c in completion_ids]
     t = max(lengths)
+    out, prefix_mask = policy._shared_prefill(prompts, context, 1)
+    first = out.logits[:, -1]  # [B, V] (or [B, d] under hidden_out): a first token's
     fixed = CHUNK_COST if policy.share and device.type == "cpu" else None
     chunks = (length_batches(lengths, overhead=fixed) if fixed is not None
               else [range(len(lengths))])

@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from musketeers.method.grpo import zero_variance_groups
 from musketeers.method.routing import batch_routing_stats
 from musketeers.run.runlog import mean_or_none
 
@@ -22,6 +21,7 @@ def step_parts(rollouts, active, kls: list[float]) -> dict[str, Any]:
     contexts = [r.context.float() for r in rollouts if r.context is not None]
     return {
         "rewards": [r.rewards for r in rollouts],
+        "zero_var": [r.zero_var for r in rollouts],
         "lengths": [len(c) for r in rollouts for c in r.completions],
         "ended": [e for r in rollouts for e in r.ended],
         "answered": [a for r in rollouts for a in r.answered],
@@ -48,16 +48,18 @@ def context_scale(sum_sq: float, n: int, embedding_rms: float) -> dict[str, floa
     return {"context_rms": rms, "context_rms_ratio": rms / embedding_rms}
 
 
-def metrics_row(cfg, step, parts, names, losses, norms, optimizer, wall) -> dict[str, Any]:
+def metrics_row(cfg, step, parts, names, losses, norms, optimizer, wall,
+                embedding_rms: float) -> dict[str, Any]:
     """The metrics.jsonl row. ``reward_mean`` is the mean task score of the sampled
     completions (the reward GRPO maximises), ``exact`` the share scoring 1; ``zero_var_frac``
     (TRL's frac_reward_zero_std), ``truncated_frac`` and ``answered_frac`` say why a reward
     is what it is. ``solved_frac`` is the share of groups whose G samples all scored 1: the
     zero-variance groups that were too easy, so the rest of ``zero_var_frac`` is (nearly all)
-    groups too hard for any sample, and the two call for opposite changes of difficulty."""
+    groups too hard for any sample, and the two call for opposite changes of difficulty.
+    With a context, C's scale against the policy's ``embedding_rms`` (``context_scale``)."""
     groups = torch.cat(parts["rewards"])  # [B, G] over the whole update
     rewards = groups.flatten()
-    zero_var = zero_variance_groups(groups).float()
+    zero_var = torch.cat(parts["zero_var"]).float()  # as the advantages pass found them
     row: dict[str, Any] = {
         "step": step + 1,
         "reward_mean": float(rewards.mean()),
@@ -74,6 +76,8 @@ def metrics_row(cfg, step, parts, names, losses, norms, optimizer, wall) -> dict
         "lr": optimizer.param_groups[0]["lr"],
         "time_s": wall,
     }
+    if parts["context_n"]:
+        row.update(context_scale(parts["context_sq"], parts["context_n"], embedding_rms))
     if parts["attention"]:
         row.update(batch_routing_stats(torch.cat(parts["attention"]), names))
     return row

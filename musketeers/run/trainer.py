@@ -5,7 +5,7 @@ One step, as in the paper's appendix 7:
      train item once per pass) and, per micro-batch, compute C with the adapter and sample G
      completions per prompt in one ``generate`` call; score each with the task's own scorer;
   2. turn the whole update's rewards into advantages (group / leave-one-out, reward
-     normalisation, optional dynamic sampling); see ``musketeers.method.rollout``;
+     normalisation, optional dynamic sampling); see ``musketeers.method.advantages``;
   3. old and reference log-probs without grad; μ inner iterations of the clipped GRPO loss,
      accumulated over the micro-batches, then one AdamW update each (grad clip, scheduler);
   4. one ``metrics.jsonl`` row: reward, exact, KL, loss, grad norm, lengths, truncated and
@@ -37,7 +37,7 @@ from musketeers.cache.devices import dtype_name
 from musketeers.cache.errors import UserError
 from musketeers.cache.progress import progress
 from musketeers.config import TrainConfig
-from musketeers.method.grpo import loss_denominator
+from musketeers.method.advantages import assign_advantages
 from musketeers.method.loss_rows import micro_batch_backward
 from musketeers.method.methods import Method
 from musketeers.method.rollout import (  # noqa: F401  (NonFiniteError: part of this API)
@@ -45,9 +45,7 @@ from musketeers.method.rollout import (  # noqa: F401  (NonFiniteError: part of 
     NonFiniteError,
     VectorSource,
     adapter_context,
-    assign_advantages,
     check_finite,
-    kept,
     no_context_scores,
     reference_passes,
     sample,
@@ -64,7 +62,7 @@ from musketeers.run.launch import (  # noqa: F401  (check_world, torch_threads: 
     torch_threads,
 )
 from musketeers.run.runlog import log_tb, tensorboard
-from musketeers.run.step_metrics import context_scale, merge_parts, metrics_row, step_parts
+from musketeers.run.step_metrics import merge_parts, metrics_row, step_parts
 from musketeers.runtime.distributed import World
 from musketeers.runtime.step_profile import PhaseClock, decode_batches, step_work
 
@@ -111,7 +109,7 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
     with clock.phase("sample"):
         rollouts = sample(cfg, step, policy, adapter, data, micro, together, fault,
                           vector_source)
-    any_kept, signal = assign_advantages(cfg, step, rollouts, method, world)
+    any_kept, signal, denominator = assign_advantages(cfg, step, rollouts, method, world)
     # before the update, so it compares with this step's reward_mean (same weights, prompts)
     without_c = None
     if adapter is not None and cfg.no_context_every and step % cfg.no_context_every == 0:
@@ -125,11 +123,6 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
             reference_passes(cfg, policy, r)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     losses, kls, norms = [], [], []
-    # one normaliser for the whole update (every rank's), so that its micro-batches' losses
-    # sum to the loss of the batch they split (not a mean of per-micro-batch token means)
-    lengths = world.all_gather([len(c) for r in active for c in kept(r, None)[2]])
-    denominator = loss_denominator([n for part in lengths for n in part], cfg.loss_norm,
-                                   cfg.max_new_tokens)
     for _ in range(cfg.inner_iters if any_kept and not skipped else 0):
         optimizer.zero_grad(set_to_none=True)
         total = 0.0
@@ -158,7 +151,7 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
         scheduler.step()
     parts = merge_parts(world.all_gather(step_parts(rollouts, active, kls)))
     row = metrics_row(cfg, step, parts, data.expert_names, losses, norms, optimizer,
-                      time.perf_counter() - t0)
+                      time.perf_counter() - t0, policy.embedding_rms)
     row["update_skipped"] = skipped
     iters = len(norms)
     row["phase_s"] = clock.seconds
@@ -166,8 +159,6 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
         "reference": (int(cfg.beta > 0) + int(cfg.inner_iters > 1)) * bool(active),
         "forward": iters * bool(active)}, cfg.decode_prompts)
     row["loss_zero_var_frac"] = float(np.mean(parts["zero_adv"])) if parts["zero_adv"] else None
-    if parts["context_n"]:
-        row.update(context_scale(parts["context_sq"], parts["context_n"], policy.embedding_rms))
     if without_c is not None:
         row["reward_no_context"] = without_c
     return row
