@@ -1,4 +1,4 @@
-"""One GRPO update's samples: rollouts, their rewards, and the advantages of the whole update.
+"""One GRPO update's samples: rollouts, their rewards, and their old and reference log-probs.
 
 An update is ``grad_accum`` micro-batches of ``prompts_per_micro`` prompts with G completions
 each. It is built in three passes, because advantages are a property of the update, not of a
@@ -7,8 +7,8 @@ micro-batch:
   1. ``sample``: per micro-batch, C from the adapter and G completions per prompt, scored;
      every prompt's draws come from its own stream, seeded by (seed, step, its position in
      the update), so how the update is cut into micro-batches and ranks changes no sample;
-  2. ``advantages.assign_advantages``: rewards of every micro-batch (of every rank) →
-     advantages, and the groups that enter the loss;
+  2. between the two, ``musketeers.method.advantages``: rewards of every micro-batch (of
+     every rank) → advantages, and the groups that enter the loss;
   3. ``reference_passes``: old and reference log-probs of the groups that enter the loss.
 """
 

@@ -24,7 +24,8 @@ from musketeers.method import methods
 from musketeers.method.routing import spearman
 from musketeers.reports.keys import group_key, select
 from musketeers.run.runfolder import is_finished
-from musketeers.run.runlog import by_source, eval_files, mean_or_none, read_metrics
+from musketeers.run.runlog import by_source, eval_files, read_metrics
+from musketeers.run.step_metrics import mean_or_none
 
 METRICS = ("exact", "score")
 

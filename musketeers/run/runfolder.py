@@ -323,14 +323,13 @@ def restore(run: Path, resume: bool, model, adapter, optimizer, scheduler, gener
 def begin(cfg: TrainConfig, run: Path, fingerprints: dict[str, Any]) -> None:
     """Create the folder and write config.yaml, its digest and fingerprints.json (each
     atomically); a resumed run's digest was checked in ``prepare`` and is the same."""
-    digest = config_digest(cfg)
     with disk_errors(run):
         run.mkdir(parents=True, exist_ok=True)
         tmp = run / "config.yaml.tmp"
         save_config(cfg, tmp)
         os.replace(tmp, run / "config.yaml")
         tmp = run / f"{CONFIG_DIGEST}.tmp"  # after config.yaml: a kill between is a warning
-        tmp.write_text(json.dumps(digest, indent=1) + "\n")
+        tmp.write_text(json.dumps(config_digest(cfg), indent=1) + "\n")
         os.replace(tmp, run / CONFIG_DIGEST)
         tmp = run / f"{FINGERPRINTS}.tmp"
         tmp.write_text(json.dumps(fingerprints, indent=1, sort_keys=True))

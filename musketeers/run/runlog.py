@@ -8,14 +8,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from musketeers.method.routing import spearman
 from musketeers.run.learning import reward_trend
-
-
-def mean_or_none(xs: list[float]) -> float | None:
-    return float(np.mean(xs)) if xs else None
+from musketeers.run.step_metrics import mean_or_none
 
 
 def eval_files(context: bool = True) -> tuple[str, str]:

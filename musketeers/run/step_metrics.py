@@ -10,7 +10,12 @@ import numpy as np
 import torch
 
 from musketeers.method.routing import batch_routing_stats
-from musketeers.run.runlog import mean_or_none
+
+
+def mean_or_none(xs: list[float]) -> float | None:
+    """A figure's mean, None when nothing was measured (an update with no loss, a run with
+    no routing): a row or summary says "none", never a made-up 0."""
+    return float(np.mean(xs)) if xs else None
 
 
 def step_parts(rollouts, active, kls: list[float]) -> dict[str, Any]:
