@@ -256,8 +256,9 @@ class PerceiverAdapter(nn.Module):
     ) -> AdapterOutput:
         v, key_mask, owner = self.align.tokens(vectors)
         c_prime, weights = self.latent_attention(v, key_mask)
-        a = expert_attention(weights, owner, len(self.align.proj))
-        return AdapterOutput(context=self.out(c_prime), attention=a)
+        context = self.out(c_prime)
+        return AdapterOutput(context=context,
+                             attention=expert_attention(weights, owner, len(self.align.proj)))
 
 
 class NoCrossAttnAdapter(nn.Module):

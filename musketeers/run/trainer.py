@@ -117,10 +117,10 @@ def train_step(cfg: TrainConfig, step: int, policy, adapter, data: SplitData, op
                                                     list(range(mine.start, mine.stop))))
         without_c = float(np.mean([s for part in scores for s in part]))
     skipped = cfg.skip_no_signal and not signal
-    active = [] if skipped else [r for r in rollouts if r.keep.any()]
     with clock.phase("reference"):
-        for r in active:
-            reference_passes(cfg, policy, r)
+        for r in [] if skipped else rollouts:
+            reference_passes(cfg, policy, r)  # none where no group of r enters the loss
+    active = [] if skipped else [r for r in rollouts if r.keep.any()]
     params = [p for group in optimizer.param_groups for p in group["params"]]
     losses, kls, norms = [], [], []
     for _ in range(cfg.inner_iters if any_kept and not skipped else 0):
