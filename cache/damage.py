@@ -7,8 +7,6 @@ checks against is ``musketeers.cache.layout``'s; the reader, precompute, ``cache
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
-
 import numpy as np
 import zarr
 
@@ -27,31 +25,12 @@ from musketeers.cache.layout import (
     MAX_ROWS,
     ROUTER,
     ROUTER_ARRAYS,
-    expert_meta,
-    fingerprint,
+    UnitFacts,
     is_count,
-    item_count,
+    unit_facts,
     unit_kind,
 )
-from musketeers.cache.zarrio import child_names, n_chunks
-
-
-class _Facts(NamedTuple):
-    """What the checks compare, read once from the group's metadata and listing."""
-
-    kind: str | None  # experts / router for a unit, None for another group
-    fingerprint: Any
-    n_layers: Any  # an expert unit's recorded sizes (None elsewhere), checked before use
-    d: Any
-    n: int | None  # the item count of its split (None: unknown or unreadable)
-    names: list[str]  # its members, listed without parsing them
-
-
-def _facts(g: zarr.Group) -> _Facts:
-    n = item_count(g) if g.basename == ITEMS else _split_items(g)
-    kind = unit_kind(g)
-    n_layers, d, _ = expert_meta(g) if kind == EXPERTS else (None, None, None)
-    return _Facts(kind, fingerprint(g), n_layers, d, n, child_names(g))
+from musketeers.cache.zarrio import n_chunks
 
 
 def required_arrays(g: zarr.Group) -> tuple[str, ...]:
@@ -64,10 +43,11 @@ def required_arrays(g: zarr.Group) -> tuple[str, ...]:
     return ITEM_FIELDS if g.path.endswith(ITEMS) else ()
 
 
-def unit_damage(g: zarr.Group) -> str | None:
+def unit_damage(g: zarr.Group, facts: UnitFacts | None = None) -> str | None:
     """Why a group's structure cannot be trusted (one phrase), or None: created but never
-    finished, a member with unreadable metadata, or a required array missing."""
-    facts = _facts(g)
+    finished, a member with unreadable metadata, or a required array missing. ``facts``: its
+    ``layout.unit_facts`` where the caller has read them already."""
+    facts = facts or unit_facts(g)
     if facts.kind is not None and facts.fingerprint is None:
         return "unfinished (killed while being created)"
     if attrs := attr_damage(g, facts):
@@ -83,7 +63,7 @@ def unit_damage(g: zarr.Group) -> str | None:
     return size_damage(g) or shape_damage(g, facts)
 
 
-def attr_damage(g: zarr.Group, facts: _Facts) -> str | None:
+def attr_damage(g: zarr.Group, facts: UnitFacts) -> str | None:
     """An attribute of the wrong type or beyond the bounds (an edited ``zarr.json``), which
     every reader would otherwise trip over: ``n`` of items, a unit's fingerprint, d, n_layers."""
     if facts.kind is None:
@@ -115,7 +95,7 @@ def size_damage(g: zarr.Group) -> str | None:
     return None
 
 
-def expected_shapes(g: zarr.Group, facts: _Facts) -> dict[str, tuple[int, ...]]:
+def expected_shapes(g: zarr.Group, facts: UnitFacts) -> dict[str, tuple[int, ...]]:
     """The shape each array of ``g`` must have for its split's ``facts.n`` items (trailing
     sizes from the unit's own ``d`` / ``n_layers`` where recorded)."""
     n, d, n_layers = facts.n, facts.d, facts.n_layers
@@ -134,7 +114,7 @@ def expected_shapes(g: zarr.Group, facts: _Facts) -> dict[str, tuple[int, ...]]:
     return want
 
 
-def shape_damage(g: zarr.Group, facts: _Facts) -> str | None:
+def shape_damage(g: zarr.Group, facts: UnitFacts) -> str | None:
     """An array whose shape disagrees with its split's item count or the unit's d / n_layers
     (an edited ``zarr.json``): its rows would be read against the wrong items."""
     if facts.n is None:
@@ -144,12 +124,3 @@ def shape_damage(g: zarr.Group, facts: _Facts) -> str | None:
             return (f"array {name} has shape {g[name].shape}, expected {want} for {facts.n} "
                     "items")
     return None
-
-
-def _split_items(g: zarr.Group) -> int | None:
-    """The item count of the split a unit lies in; None when it cannot be read."""
-    try:
-        return item_count(zarr.open_group(g.store, path=f"{g.path.split('/')[0]}/{ITEMS}",
-                                          mode="r"))
-    except Exception:  # noqa: BLE001 - absent or damaged items are reported on their own
-        return None
