@@ -2,10 +2,14 @@
 while created, attributes of the wrong type or beyond the store's bounds (an edited
 ``zarr.json``), missing arrays, shapes that disagree with the split's items. The layout it
 checks against is ``musketeers.cache.layout``'s; the reader, precompute, ``cache verify`` and
-``cache info`` all ask here, so none can read past damage another would report.
+``cache info`` all ask here, so none can read past damage another would report. A reader's
+whole check of a group (that, lost chunk files, chunks unlike their recorded digests) is
+``read_check``, one pass.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 import zarr
@@ -27,10 +31,12 @@ from musketeers.cache.layout import (
     ROUTER_ARRAYS,
     UnitFacts,
     is_count,
+    manifest_mismatches,
+    unit_arrays,
     unit_facts,
     unit_kind,
 )
-from musketeers.cache.zarrio import n_chunks
+from musketeers.cache.zarrio import missing_chunks, n_chunks
 
 
 def required_arrays(g: zarr.Group) -> tuple[str, ...]:
@@ -124,3 +130,37 @@ def shape_damage(g: zarr.Group, facts: UnitFacts) -> str | None:
             return (f"array {name} has shape {g[name].shape}, expected {want} for {facts.n} "
                     "items")
     return None
+
+
+class Check(NamedTuple):
+    """What ``read_check`` found: why the group's rows cannot be trusted (None: they can), how
+    many row chunks it compared with their digests, and whether it has digests at all."""
+
+    damage: str | None
+    chunks: int
+    sealed: bool
+
+
+def read_check(g: zarr.Group, facts: UnitFacts | None = None, flag: str = DONE,
+               structure: bool = True) -> Check:
+    """All a reader asks before it trusts ``g``'s rows, in one pass: (``structure``) its
+    metadata whole (``unit_damage``) and every chunk file of its required arrays present (a
+    listing, not a decode: decode errors surface when read); then every row chunk of the unit
+    ``flag`` guards hashing to the digest recorded when it was built, so that a chunk swapped
+    for another valid one (train's for val's) is refused, not trained on."""
+    if structure:
+        damage = unit_damage(g, facts)
+        for name in required_arrays(g) if damage is None else ():
+            gone = missing_chunks(g[name])
+            if gone and name not in FLAGS:
+                damage = f"array {name} lost chunk {gone[0]}"
+                break
+        if damage:
+            return Check(damage, 0, True)
+    first = g[unit_arrays(g, flag)[0]]
+    chunks = list(range(n_chunks(first.shape[0], first.chunks[0])))
+    changed = manifest_mismatches(g, chunks, flag)
+    if changed:
+        return Check(f"chunks {changed} differ from the digests recorded when it was built: "
+                     "swapped or edited", len(chunks), True)
+    return Check(None, len(chunks), changed is not None)

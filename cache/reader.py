@@ -21,7 +21,7 @@ import zarr
 
 from musketeers.cache import layout, token_layout
 from musketeers.cache import store as st
-from musketeers.cache.damage import required_arrays, unit_damage
+from musketeers.cache.damage import read_check
 from musketeers.cache.errors import UserError
 from musketeers.cache.items import Item
 from musketeers.cache.tokens import ANSWER, TokenRows
@@ -31,7 +31,6 @@ from musketeers.cache.zarrio import (
     child,
     irregular_files,
     missing_chunks,
-    n_chunks,
     one_line,
 )
 
@@ -71,38 +70,20 @@ def _damaged(cache_dir: str | Path, task: str, what: str, why: str,
                      f"{st.fix_command(cache_dir, task, experts, hints=hints)}")
 
 
-def _sound(g: zarr.Group, cache_dir: str | Path, task: str, experts: str | None = None,
-           facts: layout.UnitFacts | None = None) -> zarr.Group:
-    """``g`` if its structure is whole (``facts``: its metadata, where already read) and every
-    chunk file of its arrays exists: a cheap listing, not a decode (errors surface in ``_read``)."""
-    damage = unit_damage(g, facts)
-    if damage is None:
-        for name in required_arrays(g):
-            gone = missing_chunks(g[name])
-            if gone and name not in layout.FLAGS:
-                damage = f"array {name} lost chunk {gone[0]}"
-                break
-    if damage:
-        raise _damaged(cache_dir, task, g.path, damage, experts)
-    return g
-
-
-def _checked(g: zarr.Group, cache_dir: str | Path, task: str, experts: str | None = None,
-             flag: str = layout.DONE) -> zarr.Group:
-    """``g`` once every row chunk of the unit ``flag`` guards hashes to its recorded digest: a
-    chunk swapped for another valid one (train's for val's) is refused, not trained on."""
+def _trusted(g: zarr.Group, cache_dir: str | Path, task: str, experts: str | None = None, *,
+             flag: str = layout.DONE, facts: layout.UnitFacts | None = None,
+             structure: bool = True) -> zarr.Group:
+    """``g`` once ``damage.read_check`` finds nothing wrong (``facts``: its metadata, where
+    already read); a unit without digests is read with a warning naming the rebuild."""
     start = time.perf_counter()
-    first = g[layout.unit_arrays(g, flag)[0]]
-    chunks = list(range(n_chunks(first.shape[0], first.chunks[0])))
-    changed = layout.manifest_mismatches(g, chunks, flag)
-    if changed is None:
+    found = read_check(g, facts, flag, structure)
+    if found.damage:
+        raise _damaged(cache_dir, task, g.path, found.damage, experts)
+    if not found.sealed:
         log.warning("%s in store %s has no checksum manifest: a chunk swapped for another valid "
                     "one cannot be detected; rebuild it to record one: %s", g.path, task,
                     st.fix_command(cache_dir, task, experts, force=True))
-    elif changed:
-        raise _damaged(cache_dir, task, g.path, f"chunks {changed} differ from the digests "
-                       "recorded when it was built: swapped or edited", experts)
-    log.info("%s/%s: %d chunk digests checked in %.3f s", task, g.path, len(chunks),
+    log.info("%s/%s: %d chunk digests checked in %.3f s", task, g.path, found.chunks,
              time.perf_counter() - start)
     return g
 
@@ -150,9 +131,8 @@ def _read(arr: zarr.Array, cache_dir: str | Path, task: str, what: str,
 
 
 def read_items(cache_dir: str | Path, task: str, split: str) -> list[Item]:
-    g = _sound(layout.items_group(_split(open_store(cache_dir, task), cache_dir, task, split)),
-               cache_dir, task)
-    _checked(g, cache_dir, task)
+    g = _trusted(layout.items_group(_split(open_store(cache_dir, task), cache_dir, task, split)),
+                 cache_dir, task)
     n = layout.item_count(g) or 0
     if n == 0:
         raise UserError(f"store {task} holds no {split} items; rebuild it with items: "
@@ -180,7 +160,7 @@ def _expert_group(root: zarr.Group, cache_dir: str | Path, task: str, split: str
     if facts.fingerprint is not None and not facts.complete:
         raise UserError(f"expert {expert!r} is incomplete in {task}/{split}; run: "
                         f"{st.fix_command(cache_dir, task, arg)}")
-    return _checked(_sound(g, cache_dir, task, arg, facts), cache_dir, task, arg), arg
+    return _trusted(g, cache_dir, task, arg, facts=facts), arg
 
 
 def random_layers(n: int, n_layers: int, seed: int, expert_index: int) -> np.ndarray:
@@ -239,7 +219,7 @@ def read_router(cache_dir: str | Path, task: str, split: str,
     if not layout.is_complete(g):
         raise UserError(f"router embeddings ({encoder}) missing or incomplete for "
                         f"{task}/{split}; run: {st.fix_command(cache_dir, task)}")
-    g = _checked(_sound(g, cache_dir, task), cache_dir, task)
+    g = _trusted(g, cache_dir, task)
     emb = _read(g["emb"], cache_dir, task, f"{g.path}/emb").astype(np.float32)
     return _finite(emb, f"{g.path}/emb", cache_dir, task)
 
@@ -275,7 +255,7 @@ def _hint_columns(cache_dir: str | Path, task: str, split: str, experts: list[st
         if missing_chunks(values):
             raise _damaged(cache_dir, task, values.path, "lost chunks", arg, hints=True)
         if layout.HINTS_FLAG in g:  # hints of their own unit carry their own digests
-            _checked(g, cache_dir, task, arg, layout.HINTS_FLAG)
+            _trusted(g, cache_dir, task, arg, flag=layout.HINTS_FLAG, structure=False)
         cols.append(_read(values, cache_dir, task, values.path, arg))
     return cols
 
@@ -310,7 +290,7 @@ def read_token_rows(cache_dir: str | Path, task: str, split: str, experts: list[
 def _token_rows(u: zarr.Group, cache_dir: str | Path, task: str, arg: str,
                 channel: str, verified: Verified) -> TokenRows:
     """``u``'s rows once its structure is whole and every chunk decodes, is finite and hashes
-    to its recorded digest (``_checked`` for a token unit; a chunk ``verified`` remembers as
+    to its recorded digest (``_trusted`` for a token unit; a chunk ``verified`` remembers as
     checked and untouched since is not hashed again); a row without tokens is refused."""
     start, skipped = time.perf_counter(), verified.skipped
     damage = token_layout.unit_damage(u)
