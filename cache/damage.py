@@ -2,12 +2,14 @@
 while created, attributes of the wrong type or beyond the store's bounds (an edited
 ``zarr.json``), missing arrays, shapes that disagree with the split's items. The layout it
 checks against is ``musketeers.cache.layout``'s; the reader, precompute, ``cache verify`` and
-``cache info`` all ask here, so none can read past damage another would report.
+``cache info`` all ask here, so none can read past damage another would report. A reader's
+whole check of a group (that, lost chunk files, chunks unlike their recorded digests) is
+``read_check``, one pass.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import zarr
@@ -27,31 +29,14 @@ from musketeers.cache.layout import (
     MAX_ROWS,
     ROUTER,
     ROUTER_ARRAYS,
-    expert_meta,
-    fingerprint,
+    UnitFacts,
     is_count,
-    item_count,
+    manifest_mismatches,
+    unit_arrays,
+    unit_facts,
     unit_kind,
 )
-from musketeers.cache.zarrio import child_names, n_chunks
-
-
-class _Facts(NamedTuple):
-    """What the checks compare, read once from the group's metadata and listing."""
-
-    kind: str | None  # experts / router for a unit, None for another group
-    fingerprint: Any
-    n_layers: Any  # an expert unit's recorded sizes (None elsewhere), checked before use
-    d: Any
-    n: int | None  # the item count of its split (None: unknown or unreadable)
-    names: list[str]  # its members, listed without parsing them
-
-
-def _facts(g: zarr.Group) -> _Facts:
-    n = item_count(g) if g.basename == ITEMS else _split_items(g)
-    kind = unit_kind(g)
-    n_layers, d, _ = expert_meta(g) if kind == EXPERTS else (None, None, None)
-    return _Facts(kind, fingerprint(g), n_layers, d, n, child_names(g))
+from musketeers.cache.zarrio import missing_chunks, n_chunks
 
 
 def required_arrays(g: zarr.Group) -> tuple[str, ...]:
@@ -64,10 +49,11 @@ def required_arrays(g: zarr.Group) -> tuple[str, ...]:
     return ITEM_FIELDS if g.path.endswith(ITEMS) else ()
 
 
-def unit_damage(g: zarr.Group) -> str | None:
+def unit_damage(g: zarr.Group, facts: UnitFacts | None = None) -> str | None:
     """Why a group's structure cannot be trusted (one phrase), or None: created but never
-    finished, a member with unreadable metadata, or a required array missing."""
-    facts = _facts(g)
+    finished, a member with unreadable metadata, or a required array missing. ``facts``: its
+    ``layout.unit_facts`` where the caller has read them already."""
+    facts = facts or unit_facts(g)
     if facts.kind is not None and facts.fingerprint is None:
         return "unfinished (killed while being created)"
     if attrs := attr_damage(g, facts):
@@ -83,7 +69,7 @@ def unit_damage(g: zarr.Group) -> str | None:
     return size_damage(g) or shape_damage(g, facts)
 
 
-def attr_damage(g: zarr.Group, facts: _Facts) -> str | None:
+def attr_damage(g: zarr.Group, facts: UnitFacts) -> str | None:
     """An attribute of the wrong type or beyond the bounds (an edited ``zarr.json``), which
     every reader would otherwise trip over: ``n`` of items, a unit's fingerprint, d, n_layers."""
     if facts.kind is None:
@@ -115,7 +101,7 @@ def size_damage(g: zarr.Group) -> str | None:
     return None
 
 
-def expected_shapes(g: zarr.Group, facts: _Facts) -> dict[str, tuple[int, ...]]:
+def expected_shapes(g: zarr.Group, facts: UnitFacts) -> dict[str, tuple[int, ...]]:
     """The shape each array of ``g`` must have for its split's ``facts.n`` items (trailing
     sizes from the unit's own ``d`` / ``n_layers`` where recorded)."""
     n, d, n_layers = facts.n, facts.d, facts.n_layers
@@ -134,7 +120,7 @@ def expected_shapes(g: zarr.Group, facts: _Facts) -> dict[str, tuple[int, ...]]:
     return want
 
 
-def shape_damage(g: zarr.Group, facts: _Facts) -> str | None:
+def shape_damage(g: zarr.Group, facts: UnitFacts) -> str | None:
     """An array whose shape disagrees with its split's item count or the unit's d / n_layers
     (an edited ``zarr.json``): its rows would be read against the wrong items."""
     if facts.n is None:
@@ -146,10 +132,35 @@ def shape_damage(g: zarr.Group, facts: _Facts) -> str | None:
     return None
 
 
-def _split_items(g: zarr.Group) -> int | None:
-    """The item count of the split a unit lies in; None when it cannot be read."""
-    try:
-        return item_count(zarr.open_group(g.store, path=f"{g.path.split('/')[0]}/{ITEMS}",
-                                          mode="r"))
-    except Exception:  # noqa: BLE001 - absent or damaged items are reported on their own
-        return None
+class Check(NamedTuple):
+    """What ``read_check`` found: why the group's rows cannot be trusted (None: they can), how
+    many row chunks it compared with their digests, and whether it has digests at all."""
+
+    damage: str | None
+    chunks: int
+    sealed: bool
+
+
+def read_check(g: zarr.Group, facts: UnitFacts | None = None, flag: str = DONE,
+               structure: bool = True) -> Check:
+    """All a reader asks before it trusts ``g``'s rows, in one pass: (``structure``) its
+    metadata whole (``unit_damage``) and every chunk file of its required arrays present (a
+    listing, not a decode: decode errors surface when read); then every row chunk of the unit
+    ``flag`` guards hashing to the digest recorded when it was built, so that a chunk swapped
+    for another valid one (train's for val's) is refused, not trained on."""
+    if structure:
+        damage = unit_damage(g, facts)
+        for name in required_arrays(g) if damage is None else ():
+            gone = missing_chunks(g[name])
+            if gone and name not in FLAGS:
+                damage = f"array {name} lost chunk {gone[0]}"
+                break
+        if damage:
+            return Check(damage, 0, True)
+    first = g[unit_arrays(g, flag)[0]]
+    chunks = list(range(n_chunks(first.shape[0], first.chunks[0])))
+    changed = manifest_mismatches(g, chunks, flag)
+    if changed:
+        return Check(f"chunks {changed} differ from the digests recorded when it was built: "
+                     "swapped or edited", len(chunks), True)
+    return Check(None, len(chunks), changed is not None)

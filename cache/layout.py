@@ -16,8 +16,7 @@ layout is pinned to ``FORMAT_VERSION`` by tests/test_store_format.py: change it,
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import zarr
@@ -28,6 +27,7 @@ from musketeers.cache.items import Item
 from musketeers.cache.zarrio import (
     Damaged,
     child,
+    child_names,
     create_array,
     dense_writes,
     n_chunks,
@@ -149,12 +149,6 @@ def _find(root: zarr.Group, split: str, get: Callable[[zarr.Group], Any]) -> Any
         return get(sg) if sg is not None else None
     except Damaged:
         return None
-
-
-def open_part(path: Path, split: str, part: str) -> zarr.Group:
-    """``<split>/<part>`` (``ITEMS``, ``EXPERTS`` or a unit path) opened by its path, so that
-    an unreadable root or split ``zarr.json`` does not hide it from a repair command."""
-    return zarr.open_group(path, path=f"{split}/{part}", mode="r")
 
 
 # --- items -----------------------------------------------------------------------------------
@@ -357,3 +351,40 @@ def expert_ref(g: zarr.Group) -> tuple[str | None, str | None]:
         return None, None
     kind, ref = spec.get("kind"), spec.get("ref")
     return (kind if isinstance(kind, str) else None), (ref if isinstance(ref, str) else None)
+
+
+def expert_arg(name: str, kind: str | None = None, ref: str | None = None) -> str:
+    """What ``--experts`` takes for an expert: folders and hub ids by their reference (their
+    slug names resolve to nothing), registry experts by name."""
+    return ref if kind in ("dir", "hub") and ref else name
+
+
+# --- what a group's metadata says, read once -------------------------------------------------
+
+class UnitFacts(NamedTuple):
+    """What the reader and the damage checks compare, read once from a group's metadata and
+    listing (an items group, or a unit)."""
+
+    kind: str | None  # experts / router for a unit, None for another group
+    fingerprint: Any
+    complete: bool
+    n_layers: Any  # an expert unit's recorded sizes (None elsewhere), checked before use
+    d: Any
+    n: int | None  # the item count of its split (None: unknown or unreadable)
+    names: list[str]  # its members, listed without parsing them
+
+
+def unit_facts(g: zarr.Group) -> UnitFacts:
+    n = item_count(g) if g.basename == ITEMS else _split_items(g)
+    kind = unit_kind(g)
+    n_layers, d, _ = expert_meta(g) if kind == EXPERTS else (None, None, None)
+    return UnitFacts(kind, fingerprint(g), is_complete(g), n_layers, d, n, child_names(g))
+
+
+def _split_items(g: zarr.Group) -> int | None:
+    """The item count of the split a unit lies in; None when it cannot be read."""
+    try:
+        return item_count(zarr.open_group(g.store, path=f"{g.path.split('/')[0]}/{ITEMS}",
+                                          mode="r"))
+    except Exception:  # noqa: BLE001 - absent or damaged items are reported on their own
+        return None

@@ -132,7 +132,7 @@ def precompute_expert(root: zarr.Group, splits: dict[str, list[Item]], spec: Exp
                                             cfg.device))
     n_layers = model.config.get_text_config().num_hidden_layers
     d = model.config.get_text_config().hidden_size
-    fix = rebuild(st.expert_arg(spec.name, spec.kind, spec.ref))
+    fix = rebuild(layout.expert_arg(spec.name, spec.kind, spec.ref))
     asked = resolve_layers(cfg.token_layers, n_layers, spec.name)
     layers = tuple(asked)
     for split, items in splits.items():
@@ -239,7 +239,7 @@ def precompute_task(cache_dir: str | Path, task: str, task_spec: dict,
     # Fix commands rebuild this store as it is being built: same folder, same item count.
     limit = max(len(items) for items in splits.values()) if splits else None
 
-    team = ",".join(st.expert_arg(s.name, s.kind, s.ref) for s in specs) or None
+    team = ",".join(layout.expert_arg(s.name, s.kind, s.ref) for s in specs) or None
 
     options = st.build_options(cfg.chunk_rows, cfg.batch_tokens, dtype_name(cfg.dtype),
                                cfg.token_layers)

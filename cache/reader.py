@@ -21,7 +21,7 @@ import zarr
 
 from musketeers.cache import layout, token_layout
 from musketeers.cache import store as st
-from musketeers.cache.damage import required_arrays, unit_damage
+from musketeers.cache.damage import read_check
 from musketeers.cache.errors import UserError
 from musketeers.cache.items import Item
 from musketeers.cache.tokens import ANSWER, TokenRows
@@ -31,34 +31,12 @@ from musketeers.cache.zarrio import (
     child,
     irregular_files,
     missing_chunks,
-    n_chunks,
     one_line,
 )
 
 log = logging.getLogger("musketeers.cache")
 
 POOLINGS = ("last", "first_token", "random_token", "first_layer", "random_layer", "mean")
-
-
-def _fix(cache_dir: str | Path, task: str, experts: str | None = None, force: bool = False,
-         hints: bool = False, token_layer: int | None = None) -> str:
-    """The command that repairs what was found (and adds ``token_layer``'s token states), in
-    this cache dir, at the store's size."""
-    path = st.store_path(cache_dir, task)
-    stored, has_hints = st.stored_experts(path)
-    experts, hints = experts or stored, hints or has_hints
-    options = st.stored_options(path)
-    if token_layer is not None:
-        layers = (*st.stored_token_layers(path), token_layer)
-        options = (*(o for o in options if not o.startswith("--token-states")),
-                   *st.token_option(layers))
-    return st.precompute_command(task, experts, cache_dir, force, st.store_limit(path), hints,
-                                 options)
-
-
-def rebuild_command(cache_dir: str | Path, task: str) -> str:
-    """The precompute that rebuilds the whole store (its items and every expert)."""
-    return _fix(cache_dir, task, force=True)
 
 
 def open_store(cache_dir: str | Path, task: str, experts: list[str] | None = None,
@@ -77,11 +55,11 @@ def open_store(cache_dir: str | Path, task: str, experts: list[str] | None = Non
     try:
         root = zarr.open_group(path, mode="r")
     except Exception as exc:  # noqa: BLE001
-        raise UserError(f"{path} is not a readable store ({one_line(exc)}); run: "
-                        f"{_fix(cache_dir, task, names, force=True, hints=hints)}") from None
+        fix = st.fix_command(cache_dir, task, names, force=True, hints=hints)
+        raise UserError(f"{path} is not a readable store ({one_line(exc)}); run: {fix}") from None
     if layout.format_version(root) != layout.FORMAT_VERSION:
         raise UserError(f"{path} has another format version; run: "
-                        f"{_fix(cache_dir, task, names, force=True, hints=hints)}")
+                        f"{st.fix_command(cache_dir, task, names, force=True, hints=hints)}")
     return root
 
 
@@ -89,41 +67,23 @@ def _damaged(cache_dir: str | Path, task: str, what: str, why: str,
              experts: str | None = None, hints: bool = False) -> UserError:
     return UserError(f"{what} in store {task} is damaged ({why}); run `"
                      f"{st.verify_command(task, cache_dir)}` then: "
-                     f"{_fix(cache_dir, task, experts, hints=hints)}")
+                     f"{st.fix_command(cache_dir, task, experts, hints=hints)}")
 
 
-def _sound(g: zarr.Group, cache_dir: str | Path, task: str, experts: str | None = None,
-           chunks: bool = True) -> zarr.Group:
-    """``g`` if its structure is whole and (``chunks``) every chunk file of its arrays exists:
-    a cheap listing, not a decode (decode errors surface in ``_read``)."""
-    damage = unit_damage(g)
-    if damage is None and chunks:
-        for name in required_arrays(g):
-            gone = missing_chunks(g[name])
-            if gone and name not in layout.FLAGS:
-                damage = f"array {name} lost chunk {gone[0]}"
-                break
-    if damage:
-        raise _damaged(cache_dir, task, g.path, damage, experts)
-    return g
-
-
-def _checked(g: zarr.Group, cache_dir: str | Path, task: str, experts: str | None = None,
-             flag: str = layout.DONE) -> zarr.Group:
-    """``g`` once every row chunk of the unit ``flag`` guards hashes to its recorded digest: a
-    chunk swapped for another valid one (train's for val's) is refused, not trained on."""
+def _trusted(g: zarr.Group, cache_dir: str | Path, task: str, experts: str | None = None, *,
+             flag: str = layout.DONE, facts: layout.UnitFacts | None = None,
+             structure: bool = True) -> zarr.Group:
+    """``g`` once ``damage.read_check`` finds nothing wrong (``facts``: its metadata, where
+    already read); a unit without digests is read with a warning naming the rebuild."""
     start = time.perf_counter()
-    first = g[layout.unit_arrays(g, flag)[0]]
-    chunks = list(range(n_chunks(first.shape[0], first.chunks[0])))
-    changed = layout.manifest_mismatches(g, chunks, flag)
-    if changed is None:
+    found = read_check(g, facts, flag, structure)
+    if found.damage:
+        raise _damaged(cache_dir, task, g.path, found.damage, experts)
+    if not found.sealed:
         log.warning("%s in store %s has no checksum manifest: a chunk swapped for another valid "
                     "one cannot be detected; rebuild it to record one: %s", g.path, task,
-                    _fix(cache_dir, task, experts, force=True))
-    elif changed:
-        raise _damaged(cache_dir, task, g.path, f"chunks {changed} differ from the digests "
-                       "recorded when it was built: swapped or edited", experts)
-    log.info("%s/%s: %d chunk digests checked in %.3f s", task, g.path, len(chunks),
+                    st.fix_command(cache_dir, task, experts, force=True))
+    log.info("%s/%s: %d chunk digests checked in %.3f s", task, g.path, found.chunks,
              time.perf_counter() - start)
     return g
 
@@ -136,7 +96,7 @@ def _finite(values: np.ndarray, what: str, cache_dir: str | Path, task: str,
         raise UserError(f"{what} in store {task} holds non-finite values (NaN or inf) in "
                         f"{len(rows)} rows (first {int(rows[0])}); recompute it (in float32 if "
                         f"it was computed in a half dtype): "
-                        f"{_fix(cache_dir, task, experts, force=True)}")
+                        f"{st.fix_command(cache_dir, task, experts, force=True)}")
     return values
 
 
@@ -153,7 +113,8 @@ def _split(root: zarr.Group, cache_dir: str | Path, task: str, split: str) -> za
     sg = _member(lambda: child(root, split), cache_dir, task)
     items = _member(lambda: layout.items_group(sg), cache_dir, task) if sg is not None else None
     if layout.stored_items_fingerprint(items) is None:
-        raise UserError(f"store {task} has no {split!r} split; run: {_fix(cache_dir, task)}")
+        raise UserError(f"store {task} has no {split!r} split; run: "
+                        f"{st.fix_command(cache_dir, task)}")
     return sg
 
 
@@ -164,18 +125,18 @@ def _read(arr: zarr.Array, cache_dir: str | Path, task: str, what: str,
     except Exception as exc:  # noqa: BLE001 - checksum or codec failure
         raise UserError(
             f"{what} in store {task} is corrupt ({type(exc).__name__}); run "
-            f"`{st.verify_command(task, cache_dir)}` then: {_fix(cache_dir, task, experts)}"
+            f"`{st.verify_command(task, cache_dir)}` then: "
+            f"{st.fix_command(cache_dir, task, experts)}"
         ) from exc
 
 
 def read_items(cache_dir: str | Path, task: str, split: str) -> list[Item]:
-    g = _sound(layout.items_group(_split(open_store(cache_dir, task), cache_dir, task, split)),
-               cache_dir, task)
-    _checked(g, cache_dir, task)
+    g = _trusted(layout.items_group(_split(open_store(cache_dir, task), cache_dir, task, split)),
+                 cache_dir, task)
     n = layout.item_count(g) or 0
     if n == 0:
         raise UserError(f"store {task} holds no {split} items; rebuild it with items: "
-                        f"{_fix(cache_dir, task, force=True)}")
+                        f"{st.fix_command(cache_dir, task, force=True)}")
     cols = {f: _read(g[f], cache_dir, task, f"{g.path}/{f}") for f in layout.ITEM_FIELDS}
     empty = set(g.attrs.get(layout.EMPTY_ANSWERS, []))
     return [
@@ -193,13 +154,13 @@ def _expert_group(root: zarr.Group, cache_dir: str | Path, task: str, split: str
     g = _member(lambda: layout.expert_group(sg, expert), cache_dir, task, expert)
     if g is None:
         raise UserError(f"expert {expert!r} is not cached for {task}/{split}; run: "
-                        f"{_fix(cache_dir, task, expert)}")
-    unfinished = layout.fingerprint(g) is not None and not layout.is_complete(g)
-    arg = st.expert_arg(expert, *layout.expert_ref(g))
-    if unfinished:
+                        f"{st.fix_command(cache_dir, task, expert)}")
+    arg = layout.expert_arg(expert, *layout.expert_ref(g))
+    facts = layout.unit_facts(g)  # read once: the completeness and damage checks share them
+    if facts.fingerprint is not None and not facts.complete:
         raise UserError(f"expert {expert!r} is incomplete in {task}/{split}; run: "
-                        f"{_fix(cache_dir, task, arg)}")
-    return _checked(_sound(g, cache_dir, task, arg), cache_dir, task, arg), arg
+                        f"{st.fix_command(cache_dir, task, arg)}")
+    return _trusted(g, cache_dir, task, arg, facts=facts), arg
 
 
 def random_layers(n: int, n_layers: int, seed: int, expert_index: int) -> np.ndarray:
@@ -257,8 +218,8 @@ def read_router(cache_dir: str | Path, task: str, split: str,
     g = _member(lambda: layout.router_group(sg, encoder), cache_dir, task)
     if not layout.is_complete(g):
         raise UserError(f"router embeddings ({encoder}) missing or incomplete for "
-                        f"{task}/{split}; run: {_fix(cache_dir, task)}")
-    g = _checked(_sound(g, cache_dir, task), cache_dir, task)
+                        f"{task}/{split}; run: {st.fix_command(cache_dir, task)}")
+    g = _trusted(g, cache_dir, task)
     emb = _read(g["emb"], cache_dir, task, f"{g.path}/emb").astype(np.float32)
     return _finite(emb, f"{g.path}/emb", cache_dir, task)
 
@@ -289,12 +250,12 @@ def _hint_columns(cache_dir: str | Path, task: str, split: str, experts: list[st
         g, arg = _expert_group(root, cache_dir, task, split, e)
         if not layout.hints_complete(g) or array not in g:
             raise UserError(f"expert {e!r} has no complete {array} for {task}/{split}; run: "
-                            f"{_fix(cache_dir, task, arg, hints=True)}")
+                            f"{st.fix_command(cache_dir, task, arg, hints=True)}")
         values = g[array]
         if missing_chunks(values):
             raise _damaged(cache_dir, task, values.path, "lost chunks", arg, hints=True)
         if layout.HINTS_FLAG in g:  # hints of their own unit carry their own digests
-            _checked(g, cache_dir, task, arg, layout.HINTS_FLAG)
+            _trusted(g, cache_dir, task, arg, flag=layout.HINTS_FLAG, structure=False)
         cols.append(_read(values, cache_dir, task, values.path, arg))
     return cols
 
@@ -316,7 +277,7 @@ def read_token_rows(cache_dir: str | Path, task: str, split: str, experts: list[
         k = token_layout.resolve_layer(layer, n_layers) if isinstance(n_layers, int) else None
         u = _member(lambda k=k, g=g: token_layout.token_unit(g, channel, k), cache_dir, task,
                     arg) if k is not None else None
-        fix = _fix(cache_dir, task, arg, hints=channel == ANSWER, token_layer=layer)
+        fix = st.fix_command(cache_dir, task, arg, hints=channel == ANSWER, token_layer=layer)
         if u is None or not token_layout.is_complete(u):
             what = "no" if u is None else "incomplete"
             raise UserError(f"expert {e!r} has {what} channel {channel!r} (token states) at "
@@ -329,7 +290,7 @@ def read_token_rows(cache_dir: str | Path, task: str, split: str, experts: list[
 def _token_rows(u: zarr.Group, cache_dir: str | Path, task: str, arg: str,
                 channel: str, verified: Verified) -> TokenRows:
     """``u``'s rows once its structure is whole and every chunk decodes, is finite and hashes
-    to its recorded digest (``_checked`` for a token unit; a chunk ``verified`` remembers as
+    to its recorded digest (``_trusted`` for a token unit; a chunk ``verified`` remembers as
     checked and untouched since is not hashed again); a row without tokens is refused."""
     start, skipped = time.perf_counter(), verified.skipped
     damage = token_layout.unit_damage(u)
@@ -343,9 +304,9 @@ def _token_rows(u: zarr.Group, cache_dir: str | Path, task: str, arg: str,
         raise _damaged(cache_dir, task, u.path, damage, arg, hints=channel == ANSWER)
     rows = token_layout.token_rows(u)
     if (empty := np.flatnonzero(rows.lengths() == 0)).size:
+        fix = st.fix_command(cache_dir, task, arg, force=True, hints=channel == ANSWER)
         raise UserError(f"{u.path} in store {task} holds {empty.size} rows without tokens "
-                        f"(first {int(empty[0])}); rebuild it: "
-                        f"{_fix(cache_dir, task, arg, force=True, hints=channel == ANSWER)}")
+                        f"(first {int(empty[0])}); rebuild it: {fix}")
     n, seconds = u[layout.DONE].shape[0], time.perf_counter() - start
     hashed = n - (verified.skipped - skipped)
     gib = token_layout.stored_bytes(u) * hashed / max(n, 1) / 2**30

@@ -154,7 +154,7 @@ def _listed_experts(path: Path) -> Iterator[tuple[str, Any]]:
     split says nothing, a damaged group is left to the caller."""
     for split in layout.SPLITS:
         try:
-            experts = layout.open_part(path, split, layout.EXPERTS)
+            experts = open_part(path, split, layout.EXPERTS)
             names = child_names(experts)
         except Exception:  # noqa: BLE001 - absent or damaged
             continue
@@ -177,10 +177,25 @@ def stored_options(path: Path) -> tuple[str, ...]:
     return ()
 
 
-def expert_arg(name: str, kind: str | None = None, ref: str | None = None) -> str:
-    """What ``--experts`` takes for an expert: folders and hub ids by their reference (their
-    slug names resolve to nothing), registry experts by name."""
-    return ref if kind in ("dir", "hub") and ref else name
+def fix_command(cache_dir: str | Path, task: str, experts: str | None = None, force: bool = False,
+                hints: bool = False, token_layer: int | None = None) -> str:
+    """The command that repairs what a reader found (and adds ``token_layer``'s token states),
+    in this cache dir, at the store's size, recomputing what the store holds as it was built."""
+    path = store_path(cache_dir, task)
+    stored, has_hints = stored_experts(path)
+    experts, hints = experts or stored, hints or has_hints
+    options = stored_options(path)
+    if token_layer is not None:
+        layers = (*stored_token_layers(path), token_layer)
+        options = (*(o for o in options if not o.startswith("--token-states")),
+                   *token_option(layers))
+    return precompute_command(task, experts, cache_dir, force, store_limit(path), hints, options)
+
+
+def open_part(path: Path, split: str, part: str) -> zarr.Group:
+    """``<split>/<part>`` (``ITEMS``, ``EXPERTS`` or a unit path) opened by its path, so that
+    an unreadable root or split ``zarr.json`` does not hide it from a repair command."""
+    return zarr.open_group(path, path=f"{split}/{part}", mode="r")
 
 
 def stored_experts(path: Path) -> tuple[str | None, bool]:
@@ -193,7 +208,7 @@ def stored_experts(path: Path) -> tuple[str | None, bool]:
         try:
             g = experts[name]
             hints = hints or layout.HINTS in child_names(g)
-            args[expert_arg(name, *layout.expert_ref(g))] = None
+            args[layout.expert_arg(name, *layout.expert_ref(g))] = None
         except Exception:  # noqa: BLE001 - a damaged group is known by its name
             args[name] = None
     return ",".join(args) or None, hints
@@ -205,7 +220,7 @@ def store_limit(path: Path) -> int | None:
     sizes = []
     for split in layout.SPLITS:
         try:
-            n = layout.item_count(layout.open_part(path, split, layout.ITEMS))
+            n = layout.item_count(open_part(path, split, layout.ITEMS))
         except Exception:  # noqa: BLE001 - absent or damaged: that split says nothing
             continue
         if n is not None:

@@ -332,9 +332,8 @@ def _edited_items(path: Path, cache_dir: Path | None) -> str | None:
 def repair_command(path: Path, problems: list, cache_dir: Path) -> str:
     """The precompute that repairs ``problems``: it recomputes exactly the damaged experts
     (``--force`` only where the root itself is unreadable, which loses the task spec)."""
-    from musketeers.cache.layout import expert_at
+    from musketeers.cache.layout import expert_arg, expert_at
     from musketeers.cache.store import (
-        expert_arg,
         precompute_command,
         store_limit,
         stored_experts,
@@ -357,10 +356,11 @@ def repair_command(path: Path, problems: list, cache_dir: Path) -> str:
 def _expert_ref(path: Path, split: str, name: str) -> tuple[str | None, str | None]:
     """(kind, ref) of an expert group from its fingerprint; (None, None) if unreadable."""
     from musketeers.cache import layout
+    from musketeers.cache.store import open_part
 
     for where in dict.fromkeys((split, *layout.SPLITS)):  # a lost unit: its twin's reference
         try:
-            return layout.expert_ref(layout.open_part(path, where, layout.expert_path(name)))
+            return layout.expert_ref(open_part(path, where, layout.expert_path(name)))
         except Exception:  # noqa: BLE001 - damaged or absent group: try the next
             continue
     return None, None

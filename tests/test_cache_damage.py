@@ -12,10 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zarr
 from conftest import make_items, tiny_specs
 
 from musketeers.cache import reader
 from musketeers.cache import store as st
+from musketeers.cache.damage import Check, read_check
 from musketeers.cache.errors import UserError
 from musketeers.cache.precompute import PrecomputeConfig, precompute_task
 from musketeers.cache.verify import verify_store
@@ -165,6 +167,34 @@ def test_a_chunk_swapped_for_another_valid_one_is_found_and_recomputed(pristine,
     assert verify_store(path) == []
     np.testing.assert_array_equal(
         reader.read_vectors(cache_dir, "toy", "train", ["tiny-gpt2"], "last")[0], want)
+
+
+def test_read_check_finds_lost_chunks_swapped_chunks_and_no_digests(pristine, tmp_path):
+    """A reader's one pass over a unit: a whole unit passes with its 3 chunk digests compared
+    (10 rows in chunks of 4); a swapped chunk, a unit without digests, a lost chunk file each
+    found (``structure=False``: a hints unit, its expert checked already, digests only)."""
+    path = st.store_path(shutil.copytree(pristine, tmp_path / "stores"), "toy")
+
+    def check(structure: bool = True) -> Check:
+        return read_check(zarr.open_group(path, mode="r")[EXPERT], structure=structure)
+
+    assert check() == Check(None, 3, True)
+    a, b = path / EXPERT / "last/c/0/0", path / EXPERT / "last/c/1/0"
+    first = a.read_bytes()
+    a.write_bytes(b.read_bytes())
+    b.write_bytes(first)
+    assert check().damage == ("chunks [0, 1] differ from the digests recorded when it was "
+                              "built: swapped or edited")
+    b.write_bytes(a.read_bytes())
+    a.write_bytes(first)
+    assert check(structure=False) == Check(None, 3, True)
+    meta = path / EXPERT / "zarr.json"
+    spec = json.loads(meta.read_text())
+    del spec["attributes"]["sha256"]
+    meta.write_text(json.dumps(spec))
+    assert check() == Check(None, 3, False)
+    (path / EXPERT / "n_tokens/c/2").unlink()
+    assert check().damage == "array n_tokens lost chunk 2"
 
 
 def test_stray_partial_file_is_cleaned_by_precompute(pristine, tmp_path):

@@ -95,7 +95,7 @@ def _run_experts(fields: dict[str, Any], roster: str,
     ``team_file`` replace its team, as in training (``teams.run_team``)."""
     if not (fields.get("experts") or fields.get("team_file")):
         return [(name, name) for name in team_experts(fields.get("team"), roster)]
-    from musketeers.cache.store import expert_arg
+    from musketeers.cache.layout import expert_arg
     from musketeers.teams import run_team
 
     specs = run_team(None, roster, fields.get("experts"), fields.get("team_file"))

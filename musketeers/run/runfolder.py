@@ -160,12 +160,12 @@ def store_fingerprints(cfg: TrainConfig, method: Method) -> dict[str, Any]:
     """The fingerprints of what the run reads (its team's experts, none for a method that
     reads no expert), from the store attrs (None where absent)."""
     path = store_path(cfg.cache_dir, cfg.task)
+    channel = methods.token_channel(method, cfg.channel)  # a token channel's states are read too
     experts = expert_names_for(cfg, method)
     found: dict[str, Any] = {"cache_dir": str(cfg.cache_dir), "items": None,
                              "experts": dict.fromkeys(experts)}
     if "router" in method.reads:  # the registry says, not a method's name
         found["router"] = None
-    channel = methods.token_channel(method, cfg.channel)
     if channel is not None:  # the token states it reads, not only their expert's vectors
         found["tokens"] = dict.fromkeys(experts)
     try:

@@ -122,10 +122,11 @@ def check_items(task: str, split: str, items: list[Item],
 def read_checked_items(cache_dir: str | Path, task: str, split: str) -> list[Item]:
     """A store's ``split`` items, refused unless they are the ones ``task`` generates: every
     reader whose items reach a scorer, a probe or a report goes through here."""
-    from musketeers.cache import reader
+    from musketeers.cache import reader, store
 
     items = reader.read_items(cache_dir, task, split)
-    check_items(task, split, items, fix=reader.rebuild_command(cache_dir, task))
+    # the precompute that rebuilds the whole store: its items and every expert
+    check_items(task, split, items, fix=store.fix_command(cache_dir, task, force=True))
     return items
 
 
