@@ -9,7 +9,7 @@ whole check of a group (that, lost chunk files, chunks unlike their recorded dig
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import zarr
@@ -29,14 +29,45 @@ from musketeers.cache.layout import (
     MAX_ROWS,
     ROUTER,
     ROUTER_ARRAYS,
-    UnitFacts,
+    expert_meta,
+    fingerprint,
+    is_complete,
     is_count,
+    item_count,
     manifest_mismatches,
     unit_arrays,
-    unit_facts,
     unit_kind,
 )
-from musketeers.cache.zarrio import missing_chunks, n_chunks
+from musketeers.cache.zarrio import child_names, missing_chunks, n_chunks
+
+
+class UnitFacts(NamedTuple):
+    """What the reader and the damage checks compare, read once from a group's metadata and
+    listing (an items group, or a unit)."""
+
+    kind: str | None  # experts / router for a unit, None for another group
+    fingerprint: Any
+    complete: bool
+    n_layers: Any  # an expert unit's recorded sizes (None elsewhere), checked before use
+    d: Any
+    n: int | None  # the item count of its split (None: unknown or unreadable)
+    names: list[str]  # its members, listed without parsing them
+
+
+def unit_facts(g: zarr.Group) -> UnitFacts:
+    n = item_count(g) if g.basename == ITEMS else _split_items(g)
+    kind = unit_kind(g)
+    n_layers, d, _ = expert_meta(g) if kind == EXPERTS else (None, None, None)
+    return UnitFacts(kind, fingerprint(g), is_complete(g), n_layers, d, n, child_names(g))
+
+
+def _split_items(g: zarr.Group) -> int | None:
+    """The item count of the split a unit lies in; None when it cannot be read."""
+    try:
+        return item_count(zarr.open_group(g.store, path=f"{g.path.split('/')[0]}/{ITEMS}",
+                                          mode="r"))
+    except Exception:  # noqa: BLE001 - absent or damaged items are reported on their own
+        return None
 
 
 def required_arrays(g: zarr.Group) -> tuple[str, ...]:
@@ -52,7 +83,7 @@ def required_arrays(g: zarr.Group) -> tuple[str, ...]:
 def unit_damage(g: zarr.Group, facts: UnitFacts | None = None) -> str | None:
     """Why a group's structure cannot be trusted (one phrase), or None: created but never
     finished, a member with unreadable metadata, or a required array missing. ``facts``: its
-    ``layout.unit_facts`` where the caller has read them already."""
+    ``unit_facts`` where the caller has read them already."""
     facts = facts or unit_facts(g)
     if facts.kind is not None and facts.fingerprint is None:
         return "unfinished (killed while being created)"

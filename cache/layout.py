@@ -16,7 +16,7 @@ layout is pinned to ``FORMAT_VERSION`` by tests/test_store_format.py: change it,
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import zarr
@@ -27,7 +27,6 @@ from musketeers.cache.items import Item
 from musketeers.cache.zarrio import (
     Damaged,
     child,
-    child_names,
     create_array,
     dense_writes,
     n_chunks,
@@ -357,34 +356,3 @@ def expert_arg(name: str, kind: str | None = None, ref: str | None = None) -> st
     """What ``--experts`` takes for an expert: folders and hub ids by their reference (their
     slug names resolve to nothing), registry experts by name."""
     return ref if kind in ("dir", "hub") and ref else name
-
-
-# --- what a group's metadata says, read once -------------------------------------------------
-
-class UnitFacts(NamedTuple):
-    """What the reader and the damage checks compare, read once from a group's metadata and
-    listing (an items group, or a unit)."""
-
-    kind: str | None  # experts / router for a unit, None for another group
-    fingerprint: Any
-    complete: bool
-    n_layers: Any  # an expert unit's recorded sizes (None elsewhere), checked before use
-    d: Any
-    n: int | None  # the item count of its split (None: unknown or unreadable)
-    names: list[str]  # its members, listed without parsing them
-
-
-def unit_facts(g: zarr.Group) -> UnitFacts:
-    n = item_count(g) if g.basename == ITEMS else _split_items(g)
-    kind = unit_kind(g)
-    n_layers, d, _ = expert_meta(g) if kind == EXPERTS else (None, None, None)
-    return UnitFacts(kind, fingerprint(g), is_complete(g), n_layers, d, n, child_names(g))
-
-
-def _split_items(g: zarr.Group) -> int | None:
-    """The item count of the split a unit lies in; None when it cannot be read."""
-    try:
-        return item_count(zarr.open_group(g.store, path=f"{g.path.split('/')[0]}/{ITEMS}",
-                                          mode="r"))
-    except Exception:  # noqa: BLE001 - absent or damaged items are reported on their own
-        return None

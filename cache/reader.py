@@ -21,7 +21,7 @@ import zarr
 
 from musketeers.cache import layout, token_layout
 from musketeers.cache import store as st
-from musketeers.cache.damage import read_check
+from musketeers.cache.damage import UnitFacts, read_check, unit_facts
 from musketeers.cache.errors import UserError
 from musketeers.cache.items import Item
 from musketeers.cache.tokens import ANSWER, TokenRows
@@ -71,7 +71,7 @@ def _damaged(cache_dir: str | Path, task: str, what: str, why: str,
 
 
 def _trusted(g: zarr.Group, cache_dir: str | Path, task: str, experts: str | None = None, *,
-             flag: str = layout.DONE, facts: layout.UnitFacts | None = None,
+             flag: str = layout.DONE, facts: UnitFacts | None = None,
              structure: bool = True) -> zarr.Group:
     """``g`` once ``damage.read_check`` finds nothing wrong (``facts``: its metadata, where
     already read); a unit without digests is read with a warning naming the rebuild."""
@@ -156,7 +156,7 @@ def _expert_group(root: zarr.Group, cache_dir: str | Path, task: str, split: str
         raise UserError(f"expert {expert!r} is not cached for {task}/{split}; run: "
                         f"{st.fix_command(cache_dir, task, expert)}")
     arg = layout.expert_arg(expert, *layout.expert_ref(g))
-    facts = layout.unit_facts(g)  # read once: the completeness and damage checks share them
+    facts = unit_facts(g)  # read once: the completeness and damage checks share them
     if facts.fingerprint is not None and not facts.complete:
         raise UserError(f"expert {expert!r} is incomplete in {task}/{split}; run: "
                         f"{st.fix_command(cache_dir, task, arg)}")
