@@ -27,7 +27,7 @@ from musketeers.config import TrainConfig, cli_fields
 Opt = typer.Option
 # what a resumed run may change on the command line: where its parts live, not what it is
 # (--steps only stops the invocation early: see the module docstring); a subset of
-# runfolder.NOT_COMPUTED, which its config digest leaves out
+# config.NOT_COMPUTED, which its config digest leaves out
 RESUME_MAY_CHANGE = ("device", "cache_dir", "run_dir")
 
 
@@ -56,8 +56,13 @@ def _train(config: Path | None = None, resume: bool = False, resume_unverified: 
            allow_unadmitted_reward: bool = False, **options: Any) -> None:
     """Train the policy and adapter with GRPO on cached expert vectors."""
     from musketeers.cli.interrupt import on_interrupt
-    from musketeers.config import apply_overrides, read_run_config, resolve_config, validate
-    from musketeers.run.runfolder import resume_command
+    from musketeers.config import (
+        apply_overrides,
+        read_run_config,
+        resolve_config,
+        resume_command,
+        validate,
+    )
     from musketeers.run.trainer import train as run_training
     from musketeers.runtime.distributed import lead
     from musketeers.tasks.admission import admit

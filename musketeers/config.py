@@ -7,7 +7,10 @@ explicit CLI options. The resolved config is saved as ``runs/<name>/config.yaml`
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shlex
 import types
 import typing
 from collections.abc import Callable
@@ -306,6 +309,33 @@ def save_config(cfg: TrainConfig, path: Path) -> None:
     Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
 
+# TrainConfig fields that say where files live and how the hardware ran a run, not what it
+# computed: a resumed run may change them, and a grid run that differs only in them is its own
+NOT_COMPUTED = ("run_dir", "cache_dir", "device", "threads", "decode_prompts", "decode_graphs",
+                "prepack_decode", "loss_rows")
+
+
+def config_digest(cfg: TrainConfig, keys: list[str] | None = None) -> dict[str, Any]:
+    """{fields, sha256} of what the config computes: NOT_COMPUTED and the fields its method
+    ignores left out, so moving a store or changing threads never reads as another run.
+    ``keys``: the fields a run recorded, so a field added to TrainConfig since (read back as
+    its default) does not read as an edit."""
+    from musketeers.method.methods import ignored  # imports torch: only when a run records
+
+    # team_file is a path too: the team it names is checked by fingerprints.json's experts
+    skip = {*NOT_COMPUTED, "team_file", *ignored(cfg.method)}
+    values = cfg.to_dict()
+    keys = sorted(k for k in values if k not in skip) if keys is None else keys
+    text = json.dumps({k: values.get(k, "<absent>") for k in keys}, sort_keys=True, default=str)
+    return {"fields": keys, "sha256": hashlib.sha256(text.encode()).hexdigest()}
+
+
+def resume_command(run: Path) -> str:
+    """The command that continues the run in ``run``: pasted into a shell, it works (the path
+    is quoted where it needs to be)."""
+    return f"musketeers train --run-dir {shlex.quote(str(run))} --resume"
+
+
 def read_run_config(run_dir: Path) -> TrainConfig:
     """The resolved config of an existing run (for ``--resume`` and ``eval``)."""
     path = Path(run_dir) / "config.yaml"
@@ -322,5 +352,5 @@ def cli_fields() -> tuple[Any, ...]:
 
 
 __all__ = ["TrainConfig", "cli_fields", "BUDGETS", "resolve_config", "apply_overrides", "validate",
-           "save_config",
+           "save_config", "config_digest", "resume_command", "NOT_COMPUTED",
            "read_run_config", "load_yaml"]

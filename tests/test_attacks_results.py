@@ -144,8 +144,8 @@ def test_resume_and_eval_refuse_a_hand_edited_config(planted_store, tmp_path: Pa
 def test_the_config_digest_ignores_where_a_run_lives_and_fields_added_since(tmp_path: Path):
     from dataclasses import replace
 
-    from musketeers.config import TrainConfig
-    from musketeers.run.runfolder import CONFIG_DIGEST, check_config, config_digest
+    from musketeers.config import TrainConfig, config_digest
+    from musketeers.run.runfolder import CONFIG_DIGEST, check_config
 
     cfg = TrainConfig(task="arithmetic", lr=1e-3)
     recorded = config_digest(cfg)

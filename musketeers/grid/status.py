@@ -13,9 +13,10 @@ from typing import Any
 
 import yaml
 
+from musketeers.config import NOT_COMPUTED
 from musketeers.grid.ledger import discard
 from musketeers.method.methods import ignored
-from musketeers.run.runfolder import NOT_COMPUTED, is_finished
+from musketeers.run.runfolder import is_finished
 from musketeers.run.runlog import eval_files
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -67,15 +67,13 @@ class Method:
     # a fixed number of steps whatever the budget: a run that learns nothing needs one
     steps: int | None = None
     summary: str = ""
+    # facts that follow from the fields above, settled once when the method is declared
+    uses_experts: bool = field(init=False)  # it reads something of the experts' from the store
+    rl_updates: bool = field(init=False)  # its GRPO steps move some weight
 
-    @property
-    def uses_experts(self) -> bool:
-        return bool(self.reads)
-
-    @property
-    def rl_updates(self) -> bool:
-        """Whether its GRPO steps move any weight."""
-        return self.trains and self.rl
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "uses_experts", bool(self.reads))
+        object.__setattr__(self, "rl_updates", self.trains and self.rl)
 
 
 REGISTRY: dict[str, Method] = {}

@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from musketeers.cache.devices import resolve_dtype
+from musketeers.cache.devices import dtype_name, resolve_dtype
 from musketeers.cache.errors import UserError
 from musketeers.cache.experts import load_expert, resolve_local
-from musketeers.config import TrainConfig, torch_dtype_name
+from musketeers.config import TrainConfig
 from musketeers.method.methods import Method, build_adapter
 from musketeers.method.policy import Policy
 from musketeers.run.data import load_split
@@ -37,10 +37,7 @@ def build_policy(cfg: TrainConfig):
     or a hub id (musketeers.teams.policy_spec), or a ``package.module:function`` factory."""
     if ":" in cfg.policy and not Path(cfg.policy).exists():
         return _policy_plugin(cfg.policy)(cfg)
-    dtype = torch_dtype_name(cfg.dtype, cfg.device)
-    if dtype != cfg.dtype:
-        log.info("dtype %s → %s on this %s", cfg.dtype, dtype, cfg.device)
-    model, tokenizer = _load_base(policy_spec(cfg.policy), cfg.device, dtype)
+    model, tokenizer = _load_base(policy_spec(cfg.policy), cfg.device, cfg.dtype)
     return Policy(model, tokenizer, lora_r=cfg.lora_r, context_position=cfg.context_position)
 
 
@@ -70,11 +67,16 @@ _BASE: dict[tuple, tuple[Any, Any]] = {}
 
 
 def _load_base(spec, device: str, dtype: str):
-    key = (spec, device, dtype)
+    """The policy's base model and tokenizer in ``dtype`` (a name, or ``auto``: the device's
+    native choice, resolved here on the machine that runs it)."""
+    resolved = resolve_dtype(dtype, device)
+    if dtype == "auto":
+        log.info("dtype auto → %s on this %s", dtype_name(resolved), device)
+    key = (spec, device, resolved)
     if key not in _BASE:
         state = torch.get_rng_state()  # loading must not shift the seeded LoRA/adapter init
         _BASE.clear()  # one policy at a time: a grid uses one, and weights can be large
-        _BASE[key] = load_expert(spec, device, resolve_dtype(dtype, device))
+        _BASE[key] = load_expert(spec, device, resolved)
         torch.set_rng_state(state)
     model, tokenizer = _BASE[key]
     return copy.deepcopy(model, {id(p): p for p in model.parameters()}), tokenizer

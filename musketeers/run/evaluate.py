@@ -31,7 +31,7 @@ import torch
 from musketeers.cache.devices import dtype_name
 from musketeers.cache.errors import UserError
 from musketeers.cache.progress import progress
-from musketeers.config import read_run_config
+from musketeers.config import read_run_config, resume_command
 from musketeers.method import methods
 from musketeers.method.methods import Method
 from musketeers.method.rollout import adapter_context, policy_score
@@ -163,11 +163,11 @@ def _intact_last(run_dir: Path, unverified: bool = False) -> Path:
     last = ckpt.latest_checkpoint(run_dir)
     if last is None:
         raise UserError(f"{run_dir} has no checkpoint yet; continue its training with: "
-                        f"{runfolder.resume_command(run_dir)}")
+                        f"{resume_command(run_dir)}")
     damage = ckpt.verify_checkpoint(last, unverified, flag="--unverified")
     if damage is not None and last.exists():  # scoring damaged weights: a number nobody trained
         raise UserError(f"checkpoint {last} is damaged ({damage}); rewrite it from the newest "
-                        f"intact one with: {runfolder.resume_command(run_dir)}")
+                        f"intact one with: {resume_command(run_dir)}")
     return last
 
 
@@ -185,7 +185,7 @@ def load_newest(run_dir: Path, model: torch.nn.Module, adapter: torch.nn.Module 
                 continue
             if isinstance(exc, ckpt.DamagedCheckpoint):
                 raise UserError(f"checkpoint {last} is damaged ({exc}); rewrite it from the "
-                                f"newest intact one with: {runfolder.resume_command(run_dir)}"
+                                f"newest intact one with: {resume_command(run_dir)}"
                                 ) from None
             raise
     raise UserError(f"{run_dir}'s checkpoints kept being replaced while they were read; "

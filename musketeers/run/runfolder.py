@@ -21,14 +21,13 @@ The start / resume decision, made before any model loads:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
 import shlex
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 import zarr
@@ -37,27 +36,29 @@ from safetensors import SafetensorError
 from musketeers.cache import layout, token_layout
 from musketeers.cache.errors import UserError
 from musketeers.cache.store import Lock, lock_path, store_path
-from musketeers.config import TrainConfig, read_run_config, save_config
+from musketeers.config import (
+    TrainConfig,
+    config_digest,
+    read_run_config,
+    resume_command,
+    save_config,
+)
 from musketeers.method import methods
 from musketeers.method.methods import Method
 from musketeers.run import checkpoint as ckpt
 from musketeers.run.runlog import read_metrics, summarize, truncate_metrics
 from musketeers.run.team import expert_names_for
 
+if TYPE_CHECKING:  # types only: launch opens the run folder through this module
+    import torch
+
+    from musketeers.run.launch import Launch
+
 log = logging.getLogger("musketeers.train")
 
 FINGERPRINTS = "fingerprints.json"
 CONFIG_DIGEST = "config_digest.json"
-# TrainConfig fields that say where files live and how the hardware ran a run, not what it
-# computed: a resumed run may change them, and a grid run that differs only in them is its own
-NOT_COMPUTED = ("run_dir", "cache_dir", "device", "threads", "decode_prompts", "decode_graphs",
-                "prepack_decode", "loss_rows")
 SPLIT = "train"  # what training reads; eval's val split is checked by its own reader
-
-
-def resume_command(run: Path) -> str:
-    """Pasted into a shell, it works: the path is quoted where it needs to be."""
-    return f"musketeers train --run-dir {shlex.quote(str(run))} --resume"
 
 
 def check_run_dir(run: Path) -> None:
@@ -268,19 +269,6 @@ def check_store(cfg: TrainConfig, run: Path, now: dict[str, Any]) -> bool:
     return True
 
 
-def config_digest(cfg: TrainConfig, keys: list[str] | None = None) -> dict[str, Any]:
-    """{fields, sha256} of what the config computes: NOT_COMPUTED and the fields its method
-    ignores left out, so moving a store or changing threads never reads as another run.
-    ``keys``: the fields a run recorded, so a field added to TrainConfig since (read back as
-    its default) does not read as an edit."""
-    # team_file is a path too: the team it names is checked by fingerprints.json's experts
-    skip = {*NOT_COMPUTED, "team_file", *methods.ignored(cfg.method)}
-    values = cfg.to_dict()
-    keys = sorted(k for k in values if k not in skip) if keys is None else keys
-    text = json.dumps({k: values.get(k, "<absent>") for k in keys}, sort_keys=True, default=str)
-    return {"fields": keys, "sha256": hashlib.sha256(text.encode()).hexdigest()}
-
-
 def check_config(cfg: TrainConfig, run: Path) -> bool:
     """Refuse a config that is not the one ``run`` started with (a hand-edited config.yaml);
     False when the run recorded no digest (a run from before they were)."""
@@ -317,6 +305,23 @@ def restore(run: Path, resume: bool, model, adapter, optimizer, scheduler, gener
         log.info("resuming %s from step %d", run, start)
     with disk_errors(run):
         truncate_metrics(run / "metrics.jsonl", start)
+    return start
+
+
+def start_step(launch: Launch, resume: bool, policy, adapter, optimizer, scheduler,
+               generator: torch.Generator, unverified: bool = False) -> int:
+    """The step the loop starts at. Rank 0 picks the checkpoint (setting damaged ones aside)
+    and trims metrics.jsonl; every other rank then loads the same checkpoint."""
+    def pick() -> tuple[int, str | None]:
+        start = restore(launch.run, resume, policy.model, adapter, optimizer, scheduler,
+                        generator, unverified)
+        last = ckpt.latest_checkpoint(launch.run) if start else None
+        return start, None if last is None else str(last)
+
+    start, folder = launch.world.on_rank0(pick)
+    if not launch.lead and folder is not None:
+        ckpt.load_checkpoint(Path(folder), policy.model, adapter, optimizer, scheduler,
+                             generator, unverified)
     return start
 
 

@@ -55,15 +55,10 @@ from musketeers.run import checkpoint as ckpt
 from musketeers.run import runfolder
 from musketeers.run.build import PolicyFactory, build_components, fetch_policy, make_optimizer
 from musketeers.run.data import SplitData, epoch_rows
-from musketeers.run.launch import (  # noqa: F401  (check_world, torch_threads: part of this API)
-    check_world,
-    launched,
-    start_step,
-    torch_threads,
-)
+from musketeers.run.launch import launched, torch_threads  # noqa: F401  (torch_threads: API)
 from musketeers.run.runlog import log_tb, tensorboard
 from musketeers.run.step_metrics import merge_parts, metrics_row, step_parts
-from musketeers.runtime.distributed import World
+from musketeers.runtime.distributed import World, check_world  # noqa: F401  (check_world: API)
 from musketeers.runtime.step_profile import PhaseClock, decode_batches, step_work
 
 log = logging.getLogger("musketeers.train")
@@ -193,8 +188,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, policy_factory: PolicyFacto
         # samples come from per-prompt streams (musketeers.method.rollout); the checkpoint format
         # still carries this run-level generator, so checkpoints old and new load alike
         generator = torch.Generator().manual_seed(cfg.seed)
-        start = start_step(launch, resume, policy, adapter, optimizer, scheduler, generator,
-                           unverified)
+        start = runfolder.start_step(launch, resume, policy, adapter, optimizer, scheduler,
+                                     generator, unverified)
         if lead:
             runfolder.begin(cfg, run, launch.fingerprints)
         if start == 0 and warms_up(cfg, adapter, method):  # a resumed run's φ is its checkpoint's

@@ -14,13 +14,14 @@ every method is a no-op on one rank, and the single-process path runs unchanged.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
 import time
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -29,6 +30,9 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from musketeers.cache.dist import Dist
 from musketeers.cache.errors import UserError
+
+if TYPE_CHECKING:  # a type only: config imports the method, which imports this module
+    from musketeers.config import TrainConfig
 
 TIMEOUT_ENV = "MUSKETEERS_DIST_TIMEOUT_S"
 # how long a rank waits in a collective for the others: rank 0 alone writes checkpoints and
@@ -191,6 +195,16 @@ class World(Dist):
                 if host == socket.gethostname() and not _alive(int(pid)):
                     dead.append(f"rank {rank} (PID {pid}) died")
         return "; ".join(dead) or None
+
+
+def check_world(cfg: TrainConfig, world: World, resume: bool, stop_after: int | None) -> None:
+    """Every rank has at least one prompt per update, and runs the same resolved config."""
+    batch = cfg.prompts_per_micro * cfg.grad_accum
+    if world.world > batch:
+        raise UserError(f"{world.world} ranks for an update of {batch} prompts: every rank needs "
+                        f"one; start at most {batch} ranks, or raise --grad-accum")
+    world.check_same("config", {**dataclasses.asdict(cfg), "resume": resume,
+                                "stop_after": stop_after})
 
 
 def _published(store) -> str | None:
