@@ -49,10 +49,9 @@ class UpdateSignal(NamedTuple):
 def assign_advantages(cfg: TrainConfig, step: int, rollouts: list[Rollout], method: Method,
                       world: World | None = None) -> UpdateSignal:
     """Advantages over the whole update (every micro-batch of every rank), and which groups
-    enter the loss, set on each of this rank's rollouts (``adv``, ``keep``, and ``zero_var``:
-    its groups whose rewards all agree, for the step's metrics). The ``shuffled_reward``
-    control permutes each group's rewards first, from a stream seeded by (seed, step) alone,
-    so it samples exactly what Ours samples.
+    enter the loss, set on each of this rank's rollouts (``adv`` and ``keep``). The
+    ``shuffled_reward`` control permutes each group's rewards first, from a stream seeded by
+    (seed, step) alone, so it samples exactly what Ours samples.
 
     The ranks exchange their rewards and completion lengths once: the loss's one normaliser
     for the whole update (so that its micro-batches' losses sum to the loss of the batch they
@@ -75,8 +74,7 @@ def assign_advantages(cfg: TrainConfig, step: int, rollouts: list[Rollout], meth
     keep = ~zero_var if cfg.dynamic_sampling else torch.ones(len(sources), dtype=torch.bool)
     for r in rollouts:
         b = len(r.items)
-        r.adv, r.keep, r.zero_var = (adv[start:start + b], keep[start:start + b],
-                                     zero_var[start:start + b])
+        r.adv, r.keep = adv[start:start + b], keep[start:start + b]
         start += b
     denominator = loss_denominator(lengths[keep].flatten().tolist(), cfg.loss_norm,
                                    cfg.max_new_tokens)

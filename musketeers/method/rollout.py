@@ -79,7 +79,6 @@ class Rollout:
     adapter_rng: RngState | None = None  # RNG states before the rollout's adapter call
     adv: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # [B, G]
     keep: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.bool))
-    zero_var: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.bool))
     old_logp: torch.Tensor | None = None  # [B'·G, T] for kept groups (None when μ = 1)
     ref_logp: torch.Tensor | None = None
 

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from musketeers.method.grpo import zero_variance_groups
 from musketeers.method.routing import batch_routing_stats
 
 
@@ -26,7 +27,6 @@ def step_parts(rollouts, active, kls: list[float]) -> dict[str, Any]:
     contexts = [r.context.float() for r in rollouts if r.context is not None]
     return {
         "rewards": [r.rewards for r in rollouts],
-        "zero_var": [r.zero_var for r in rollouts],
         "lengths": [len(c) for r in rollouts for c in r.completions],
         "ended": [e for r in rollouts for e in r.ended],
         "answered": [a for r in rollouts for a in r.answered],
@@ -64,7 +64,8 @@ def metrics_row(cfg, step, parts, names, losses, norms, optimizer, wall,
     With a context, C's scale against the policy's ``embedding_rms`` (``context_scale``)."""
     groups = torch.cat(parts["rewards"])  # [B, G] over the whole update
     rewards = groups.flatten()
-    zero_var = torch.cat(parts["zero_var"]).float()  # as the advantages pass found them
+    # groups whose rewards all agree: the same before and after a within-group shuffle
+    zero_var = zero_variance_groups(groups).float()
     row: dict[str, Any] = {
         "step": step + 1,
         "reward_mean": float(rewards.mean()),
