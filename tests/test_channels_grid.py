@@ -63,6 +63,27 @@ def test_verdicts_compare_each_channel_with_its_own_control(tmp_path: Path):
                    - 100 * gain) < 1e-6, name
 
 
+def test_the_default_team_through_a_channel_is_compared_with_its_own_cells(tmp_path: Path):
+    # the oracle's cells on the same channel must not stand in for the team's
+    base = dict(task=TASK, pooling="last", latents=8)
+    on = {"channel": "tokens", "token_layer": -1}
+    for s in range(3):
+        _run(tmp_path, f"single{s}", 0.40 + s / 100, method="single", seed=s, **base)
+        _run(tmp_path, f"t{s}", 0.50 + s / 200, method="perceiver", team="default", seed=s,
+             **base, **on)
+        _run(tmp_path, f"tc{s}", 0.45 + s / 300, method="shuffled_experts", team="default",
+             seed=s, **base, **on)
+        _run(tmp_path, f"o{s}", 0.90, method="perceiver", team="oracle", seed=s, **base, **on)
+    rows = {r.comparison.name: r for r in verdict_rows(load_runs(tmp_path), ["arithmetic"])}
+    assert {"Ours (tokens) > Single", "Ours (tokens) > shuffled experts"} <= set(rows)
+    team = rows["Ours (tokens) > Single"]
+    assert abs(team.tested - 100 * (0.50 + 0.01 / 2)) < 1e-6  # the team's mean, not the oracle's
+    assert abs(team.test.diff - 100 * (0.10 - 0.01 / 2)) < 1e-6
+    assert abs(rows["Ours (tokens) > shuffled experts"].test.diff
+               - 100 * (0.05 + (1 / 200 - 1 / 300))) < 1e-6
+    assert "Ours > Single (§4.2)" not in rows  # no pooled team cell ran
+
+
 def test_the_channels_grid_loads_its_registered_cells():
     grid = load_grid(GRID)
     assert grid.name == "pocket-channels" and grid.seeds == [0, 1, 2]

@@ -31,8 +31,9 @@ class Comparison:
 
 
 def channel_comparisons(channel: str) -> tuple[Comparison, ...]:
-    """The positive control through a token channel (at the default layer): the oracle read
-    through ``channel`` against Single and against its own shuffled experts on that channel."""
+    """Claims through a token channel (at the default layer): the positive control (the oracle
+    read through ``channel``) and the default team read through it, each against Single and
+    against its own shuffled experts on that channel."""
     on = {"channel": channel, "token_layer": DEFAULT_TOKEN_LAYER}
     oracle = {**OURS, "team": "oracle"}
     return (
@@ -43,6 +44,13 @@ def channel_comparisons(channel: str) -> tuple[Comparison, ...]:
                    {**oracle, "method": "shuffled_experts"},
                    f"the gain through the {channel} channel comes from the item's own states",
                    positive_control=True, defaults=on),
+        Comparison(f"Ours ({channel}) > Single", OURS, {"method": "single"},
+                   f"the default team's states help through the {channel} channel",
+                   defaults=on),
+        Comparison(f"Ours ({channel}) > shuffled experts", OURS,
+                   {**OURS, "method": "shuffled_experts"},
+                   f"what the experts' {channel} states say about this item helps",
+                   defaults=on),
     )
 
 
