@@ -45,8 +45,8 @@ from torch import Tensor
 
 from musketeers.cache.prompts import generation_prompt_len, render_prompt
 from musketeers.method.fast import fast_decode
+from musketeers.method.kv_cache import CACHE_KW, kv_cache
 from musketeers.method.placement import CONTEXT_POSITIONS
-from musketeers.method.sampling import CACHE_KW, kv_cache
 from musketeers.method.teacher_forced import teacher_forced
 
 
