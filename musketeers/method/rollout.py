@@ -4,7 +4,8 @@ An update is ``grad_accum`` micro-batches of ``prompts_per_micro`` prompts with 
 each. It is built in three passes, because advantages are a property of the update, not of a
 micro-batch:
 
-  1. ``sample``: per micro-batch, C from the adapter and G completions per prompt, scored;
+  1. ``sample``: per micro-batch, C from the adapter (``musketeers.method.context``) and G
+     completions per prompt, scored;
      every prompt's draws come from its own stream, seeded by (seed, step, its position in
      the update), so how the update is cut into micro-batches and ranks changes no sample;
   2. between the two, ``musketeers.method.advantages``: rewards of every micro-batch (of
