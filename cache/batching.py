@@ -1,7 +1,7 @@
 """The one padding batcher: rows of unequal length cut into batches that run the fewest tokens.
 
 The experts' backbone pass (precompute), the policy's log-prob passes over sampled
-completions (``musketeers.method.fast.sharing``) and the GPU benchmark all pad each batch to its
+completions (``musketeers.method.teacher_forced``) and the GPU benchmark all pad each batch to its
 longest row; this finds the cut that minimises what that padding costs.
 """
 

@@ -8,7 +8,7 @@ from test_policy import PROMPTS, ctx, make_policy
 
 from musketeers.method import fast as decoding
 from musketeers.method.fast.decode_graph import decode_fixed
-from musketeers.method.sampling import kv_cache
+from musketeers.method.kv_cache import kv_cache
 
 
 def fixed(monkeypatch) -> None:

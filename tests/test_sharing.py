@@ -7,7 +7,8 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from musketeers.cache.batching import length_batches
-from musketeers.method.fast.sharing import cache_rows, common_head
+from musketeers.method.policy import common_head
+from musketeers.method.teacher_forced import cache_rows
 
 
 def test_common_head_is_the_longest_shared_start_within_every_limit():

@@ -109,8 +109,8 @@ def test_no_context_reward_samples_the_policy_without_context(planted_store, tmp
 
 def test_hard_routing_loss_replays_the_rollouts_gumbel_draw():
     """The loss pass must condition on the expert each row was routed to while sampling."""
+    from musketeers.method.context import adapter_context, rng_snapshot
     from musketeers.method.methods import build_adapter
-    from musketeers.method.rollout import adapter_context, rng_snapshot
 
     torch.manual_seed(0)
     dims = [6, 10, 4]

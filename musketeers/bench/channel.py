@@ -30,8 +30,9 @@ import torch
 from musketeers.bench import permuted
 from musketeers.config import resolve_config
 from musketeers.method import methods
+from musketeers.method.context import adapter_context
 from musketeers.method.methods import derangement
-from musketeers.method.rollout import adapter_context, policy_score
+from musketeers.method.rollout import policy_score
 from musketeers.method.warmup import warm_up_adapter
 from musketeers.run.build import build_components
 

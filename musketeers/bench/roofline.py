@@ -12,7 +12,7 @@ policy's shape (``model_shape``):
   attention), then decoding, where each step reads every weight once for all B·G rows plus
   each row's KV cache (memory), and does 2·P FLOPs per row (compute);
 - a log-prob pass (reference, loss forward): each group's prefix once, its G completions
-  against the prefix's KV (``musketeers.method.fast.sharing``): 2·P FLOPs per token, the LM
+  against the prefix's KV (``method.teacher_forced``): 2·P FLOPs per token, the LM
   head only on the completions' tokens, causal attention 2·L·d per unit of n² (``step_work``);
 - backward: the base weights are frozen (LoRA), so only input gradients flow: one forward's
   FLOPs, plus one more forward where gradient checkpointing recomputes activations.

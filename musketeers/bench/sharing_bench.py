@@ -1,6 +1,6 @@
-"""What ``Policy``'s sharing saves (``musketeers.method.fast.sharing``): the same passes with it off
-(``Policy.share = False``: every prompt's tokens, completions padded to the batch's longest)
-and on, alternating in one process on one policy.
+"""What ``Policy``'s sharing saves (``Policy._shared_prefill``, ``teacher_forced``): the same
+passes with it off (``Policy.share = False``: every prompt's tokens, completions padded to the
+batch's longest) and on, alternating in one process on one policy.
 
 Rows: the log-prob passes of one pocket GRPO step (reference forward, then policy forward and
 backward, over 4 prompts × G sampled completions), and a greedy evaluation batch of 64 val

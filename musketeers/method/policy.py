@@ -45,11 +45,38 @@ from torch import Tensor
 
 from musketeers.cache.prompts import generation_prompt_len, render_prompt
 from musketeers.method.fast import fast_decode
-from musketeers.method.fast.sharing import common_head
+from musketeers.method.kv_cache import CACHE_KW, kv_cache
 from musketeers.method.placement import CONTEXT_POSITIONS
-from musketeers.method.policy_model import contiguous_input, target_modules
-from musketeers.method.sampling import CACHE_KW, kv_cache
 from musketeers.method.teacher_forced import teacher_forced
+
+
+def target_modules(model: torch.nn.Module, wanted: tuple[str, ...]) -> list[str] | None:
+    """The requested LoRA targets when the architecture has them, else None: peft then picks
+    its own per-architecture default (e.g. gpt2 → c_attn)."""
+    leaves = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    return list(wanted) if all(t in leaves for t in wanted) else None
+
+
+def contiguous_input(_module, args):
+    """Hand the LM head a contiguous input (a forward pre-hook on the head).
+
+    ``logits_to_keep`` slices the hidden states ([N, T, d] → [N, k, d], a strided view), and
+    torch's matmul then runs the head as a bmm against the weight expanded and *copied* N
+    times: [N, d, V] bf16, 2.6 s per call for SmolLM2 at N = 16 on a 2-core CPU, more than
+    the whole prompt prefill. A contiguous copy of the small slice costs microseconds.
+    """
+    return (args[0].contiguous(), *args[1:])
+
+
+def common_head(prompts: list[list[int]], limits: list[int]) -> int:
+    """How many leading tokens all ``prompts`` share, at most ``limits[i]`` for prompt i (0 for
+    fewer than two prompts: there is nothing to share)."""
+    if len(prompts) < 2:
+        return 0
+    first, k, limit = prompts[0], 0, min(limits)
+    while k < limit and all(p[k] == first[k] for p in prompts):
+        k += 1
+    return k
 
 
 class PolicyInputs(NamedTuple):
@@ -201,6 +228,8 @@ class Policy:
         1.29× (algorithmic).
         """
         k = self._common_head(prompts)
+        # the layout first (head, then each row's rest), then the passes that run it
+        inp = self.build_inputs([p[k:] for p in prompts], context)
         head = None
         if k:
             ids = torch.tensor([prompts[0][:k]], dtype=torch.long, device=self.device)
@@ -208,8 +237,6 @@ class Policy:
             head = kv_cache(self.model(inputs_embeds=self.model.get_input_embeddings()(ids),
                                        use_cache=True, logits_to_keep=1))
             head.batch_repeat_interleave(len(prompts))
-            prompts = [p[k:] for p in prompts]
-        inp = self.build_inputs(prompts, context)
         mask = torch.cat([inp.attention_mask.new_ones(len(prompts), k), inp.attention_mask], 1)
         out = self.model(inputs_embeds=inp.inputs_embeds, attention_mask=mask,
                          position_ids=inp.position_ids + k, use_cache=True, logits_to_keep=1,

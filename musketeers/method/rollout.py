@@ -4,7 +4,8 @@ An update is ``grad_accum`` micro-batches of ``prompts_per_micro`` prompts with 
 each. It is built in three passes, because advantages are a property of the update, not of a
 micro-batch:
 
-  1. ``sample``: per micro-batch, C from the adapter and G completions per prompt, scored;
+  1. ``sample``: per micro-batch, C from the adapter (``musketeers.method.context``) and G
+     completions per prompt, scored;
      every prompt's draws come from its own stream, seeded by (seed, step, its position in
      the update), so how the update is cut into micro-batches and ranks changes no sample;
   2. between the two, ``musketeers.method.advantages``: rewards of every micro-batch (of
@@ -23,6 +24,7 @@ import torch
 
 from musketeers.cache.errors import UserError
 from musketeers.cache.items import Item
+from musketeers.method.context import RngState, adapter_context, seeded_rng
 from musketeers.method.expert_tokens import ExpertInput
 from musketeers.runtime.seeds import derived_seed
 
@@ -33,8 +35,6 @@ if TYPE_CHECKING:  # a type only: config imports the method's registries, never 
 FaultHook = Callable[[int, str, torch.Tensor], torch.Tensor]
 # (items, rows) -> pooled vectors: the benchmark's --live-experts path computes them live.
 VectorSource = Callable[[list[Item], torch.Tensor], list[ExpertInput]]
-# (CPU generator state, CUDA generator state or None): what the adapter's random draws use
-RngState = tuple[torch.Tensor, torch.Tensor | None]
 _NO_CONTEXT_TAG = 0x0C7A  # derived_seed stream of Figure 5's samples without C
 _SAMPLE_TAG = 0x5A3D  # ... of each prompt's completions
 _ADAPTER_TAG = 0xAD7A  # ... of a micro-batch's adapter draws (hard routing's Gumbel noise)
@@ -83,48 +83,11 @@ class Rollout:
     ref_logp: torch.Tensor | None = None
 
 
-def rng_snapshot(device: str) -> RngState:
-    """The generator states the adapter's random draws (hard routing's Gumbel noise) come
-    from: the CPU's, and the GPU's when the adapter runs there."""
-    dev = torch.device(device)
-    return torch.get_rng_state(), torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None
-
-
 def prompt_generators(seed: int, tag: int, step: int, positions: list[int]
                       ) -> list[torch.Generator]:
     """One CPU stream per prompt, seeded by (seed, stream, step, the prompt's position in the
     update): never by the micro-batch or rank it lands in."""
     return [torch.Generator().manual_seed(derived_seed(seed, tag, step, p)) for p in positions]
-
-
-def seeded_rng(device: str, seed: int) -> RngState:
-    """The generator states ``adapter_context`` replays, seeded: the adapter's draws for a
-    micro-batch then follow from its first prompt's position, not from what ran before."""
-    dev = torch.device(device)
-    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
-        torch.set_rng_state(torch.Generator().manual_seed(seed).get_state())
-        if dev.type == "cuda":
-            with torch.cuda.device(dev):
-                torch.cuda.manual_seed(seed)
-        return rng_snapshot(device)
-
-
-def adapter_context(adapter, vectors, router, device, rng_state: RngState | None = None):
-    """C and A for a batch. ``rng_state`` (``rng_snapshot``) replays the random draws of an
-    earlier call, so the loss conditions on the C the completions were sampled with, not on a
-    fresh draw."""
-    if adapter is None:
-        return None, None
-    dev = torch.device(device)
-    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else [],
-                               enabled=rng_state is not None):
-        if rng_state is not None:
-            torch.set_rng_state(rng_state[0])
-            if rng_state[1] is not None:
-                torch.cuda.set_rng_state(rng_state[1], dev)
-        out = adapter([v.to(device) for v in vectors],
-                      router.to(device) if router is not None else None)
-    return out.context, out.attention
 
 
 def kept(rollout: Rollout, context: torch.Tensor | None):

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from musketeers.method import methods
-from musketeers.method.rollout import Batches, adapter_context
+from musketeers.method.context import adapter_context
+from musketeers.method.rollout import Batches
 from musketeers.runtime.seeds import derived_seed
 
 if TYPE_CHECKING:  # a type only: config imports the method's registries, never the reverse

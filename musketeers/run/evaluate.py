@@ -33,8 +33,9 @@ from musketeers.cache.errors import UserError
 from musketeers.cache.progress import progress
 from musketeers.config import read_run_config, resume_command
 from musketeers.method import methods
+from musketeers.method.context import adapter_context
 from musketeers.method.methods import Method
-from musketeers.method.rollout import adapter_context, policy_score
+from musketeers.method.rollout import policy_score
 from musketeers.run import checkpoint as ckpt
 from musketeers.run import runfolder
 from musketeers.run.build import PolicyFactory, build_components

@@ -38,13 +38,13 @@ from musketeers.cache.errors import UserError
 from musketeers.cache.progress import progress
 from musketeers.config import TrainConfig
 from musketeers.method.advantages import assign_advantages
+from musketeers.method.context import adapter_context
 from musketeers.method.loss_rows import micro_batch_backward
 from musketeers.method.methods import Method
 from musketeers.method.rollout import (  # noqa: F401  (NonFiniteError: part of this API)
     FaultHook,
     NonFiniteError,
     VectorSource,
-    adapter_context,
     check_finite,
     no_context_scores,
     reference_passes,

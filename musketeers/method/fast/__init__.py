@@ -2,8 +2,9 @@
 
 ``fast_decode`` is the one call the policy makes to decode: the CUDA-graphed fixed-shape loop
 (``decode_graph``) where asked and possible, else the eager loop with the CPU's frozen linears
-prepacked for oneDNN (``prepack``). ``sharing`` runs once what many rows share (a common
-head, a prefix's KV cache). Each is checked against the plain path in the tests.
+prepacked for oneDNN (``prepack``). Each is checked against the plain path in the tests.
+What many rows share runs once where the passes are laid out: the common head in
+``Policy._shared_prefill``, a prefix's KV cache in ``teacher_forced.shared_prefix_logprobs``.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ import torch
 from torch import Tensor
 from transformers.cache_utils import DynamicLayer, StaticLayer
 
-from musketeers.method.sampling import CACHE_KW, preallocate, sample_tokens, uniforms
+from musketeers.method.kv_cache import CACHE_KW
+from musketeers.method.sampling import preallocate, sample_tokens, uniforms
 
 # how often (in steps) the loop reads back whether every row has ended: each read drains the
 # queue of launched work, which is what a graph exists to keep full
