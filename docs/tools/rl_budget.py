@@ -22,16 +22,22 @@ import numpy as np
 import yaml
 
 from musketeers.grid.publish import publish_run
-from musketeers.run.learning import reward_trend
+from musketeers.run.learning import MIN_STEPS, reward_trend
 
 EDGE = 10  # steps averaged at each end of the run, beside the fitted rise
 
 
 def row(run: Path) -> str:
+    if not all((run / name).is_file() for name in ("config.yaml", "metrics.jsonl")):
+        raise SystemExit(f"{run} holds no config.yaml and metrics.jsonl: pass a finished "
+                         "run's folder")
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     reward = np.array([r["reward_mean"] for r in rows])
     t = reward_trend(rows)
+    if t is None:  # too few steps for a line with residuals to judge it by
+        raise SystemExit(f"{run} logged {len(rows)} GRPO steps: a rise needs at least "
+                         f"{MIN_STEPS}; pass a longer run")
     verdict = ("**rises**" if t.low > 0 else "falls" if t.high < 0 else "no rise shown")
     return (f"| {run.name} | {cfg['policy']} | {cfg['task']} | {cfg['lr']:g} | {cfg['beta']:g} "
             f"| {cfg['prompts_per_micro'] * cfg['grad_accum']} × {cfg['group_size']} "
@@ -50,13 +56,12 @@ def main() -> None:
         for run in runs:
             publish_run(run, args.copy / run.name)
         runs = [args.copy / run.name for run in runs]
+    table = [row(run) for run in sorted(runs)]  # every run read before a line is printed
     print("| run | policy | task | LoRA lr | β | prompts × G per step | GRPO steps "
           f"| reward, first {EDGE} steps (%) | reward, last {EDGE} steps (%) "
           "| fitted rise, points (95 %) | zero-variance groups | verdict |")
     print("|---|---|---|---:|---:|---|---:|---:|---:|---|---:|---|")
-    for run in sorted(runs):
-        print(row(run))
-
+    print("\n".join(table))
 
 if __name__ == "__main__":
     main()
