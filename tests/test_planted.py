@@ -92,8 +92,8 @@ def test_check_needs_ours_to_beat_its_shuffled_reward_control(rows):
 
 # ---- the chat variant: a chat template, multi-token answers, β > 0
 # (musketeers.checks.planted_chat)
-# Only Ours and its control (the check judges one against the other; each run costs ~15 s on
-# a 2-core CPU), on the chat variant's seeds (figures at MARGINS in musketeers.checks.planted).
+# Only Ours and its control (the check judges one against the other; each run costs 15-30 s
+# on a 2-core CPU), on the chat variant's seeds (figures at MARGINS in musketeers.checks.planted).
 
 CHAT_METHODS = ("perceiver", "shuffled_reward")
 CHAT_SEEDS = list(MARGINS["chat"].seeds)

@@ -218,9 +218,10 @@ MARGINS = {
     "plain": Margins(STEPS, SEEDS, MIN_REWARD_WITH_C, MAX_REWARD_SINGLE,
                      MIN_REWARD_GAIN_OVER_CONTROL, MIN_RHO_BELOW_CONTROL),
     # The chat variant (musketeers.checks.planted_chat) is held to the same criteria, not
-    # relaxed, on 5 seeds at 80 steps (at 50, two seeds ended at reward 0.15-0.19 once the
-    # noise experts were as loud as the oracle; figures in docs/benchmarks-history.md).
-    "chat": Margins(CHAT_STEPS, tuple(range(5)), MIN_REWARD_WITH_C, MAX_REWARD_SINGLE,
+    # relaxed, at 80 steps (at 50, two seeds ended at reward 0.15-0.19 once the noise experts
+    # were as loud as the oracle) and on the plain check's 12 seeds: on 5, its utilisation
+    # verdict read t = 5.9 on an AMD EPYC and 1.5 on an Intel Xeon (docs/benchmarks-history.md).
+    "chat": Margins(CHAT_STEPS, SEEDS, MIN_REWARD_WITH_C, MAX_REWARD_SINGLE,
                     MIN_REWARD_GAIN_OVER_CONTROL, MIN_RHO_BELOW_CONTROL),
 }
 
