@@ -147,6 +147,25 @@ def test_unknown_section_is_refused():
     assert torch.get_num_threads() >= 1
 
 
+def test_dtype_replaces_the_regimes_on_both_sides(monkeypatch):
+    """``--dtype`` changes only the dtype of the step both sides run; bf16 is refused where the
+    CPU would only emulate it (its timing would measure the emulation)."""
+    import musketeers.bench.__main__ as bench
+    from musketeers.bench.trl_bench import regime
+
+    for name in ("pocket", "smollm2"):
+        changed = regime(name, "bfloat16" if regime(name)["dtype"] != "bfloat16" else "float32")
+        assert changed["dtype"] != regime(name)["dtype"]
+        assert {k: v for k, v in changed.items() if k != "dtype"} == {
+            k: v for k, v in regime(name).items() if k != "dtype"}
+    monkeypatch.setattr(bench, "cpu_has_bf16", lambda: False)
+    with pytest.raises(SystemExit):
+        bench.parse(["--only", "trl", "--dtype", "bfloat16"])
+    assert bench.parse(["--only", "trl", "--dtype", "float32"]).dtype == "float32"
+    monkeypatch.setattr(bench, "cpu_has_bf16", lambda: True)
+    assert bench.parse(["--only", "trl", "--dtype", "bfloat16"]).dtype == "bfloat16"
+
+
 def test_sharing_bench_runs_both_ways_and_they_agree():
     """The sharing rows compare the same passes with sharing off and on; on a tiny policy with
     the pocket task's chat prompts they must give the same log-probs and greedy completions."""

@@ -21,6 +21,7 @@ from pathlib import Path
 from musketeers.bench import report as rp
 from musketeers.bench.machine import OFFLINE_ENV, machine_info, median, set_threads, versions
 from musketeers.bench.trl_bench import REGIMES
+from musketeers.cache.devices import cpu_has_bf16
 
 log = logging.getLogger("musketeers.bench")
 SECTIONS = ("matmul", "precompute", "reads", "train", "channels", "trl", "roofline", "sharing",
@@ -41,6 +42,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--policy", default=None, help="policy of the train rows (default: budget's)")
     p.add_argument("--trl-regime", default="pocket", choices=REGIMES,
                    help="what a step is in the single-vs-TRL rows (trl_bench.regime)")
+    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
+                   help="dtype of the single-vs-TRL and roofline step (default: the regime's)")
     p.add_argument("--read-rows", type=int, default=16000, help="rows of the cache-read store")
     p.add_argument("--out", type=Path, default=Path("BENCHMARKS.md"))
     p.add_argument("--work-dir", type=Path, default=None,
@@ -48,6 +51,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.reps, args.prompts, args.read_rows = 1, min(args.prompts, 8), min(args.read_rows, 2000)
+    if args.dtype == "bfloat16" and not cpu_has_bf16() and not args.quick:
+        p.error("--dtype bfloat16 needs a CPU with native bf16 (avx512_bf16 or AMX): elsewhere "
+                "it would time emulation; use --dtype float32")
     unknown = set(args.only.split(",")) - set(SECTIONS)
     if unknown:
         p.error(f"unknown sections {sorted(unknown)}; use {SECTIONS}")
@@ -199,7 +205,7 @@ def section_trl(rep: rp.Report, args, ctx: dict) -> None:
     from musketeers.bench.trl_bench import bench_trl, regime
 
     res = bench_trl(ctx["work"] / "stores", ctx["work"] / "runs", args.trl_regime, args.reps,
-                    0 if args.quick else 1)
+                    0 if args.quick else 1, dtype=args.dtype)
     for side, r in res.items():
         if "error" in r:
             rep.skip("trl", f"{side} step", r["error"])
@@ -211,7 +217,7 @@ def section_trl(rep: rp.Report, args, ctx: dict) -> None:
         # the process's own ru_maxrss (a child per side), and where in the step it was reached
         rep.check("trl", "peak RSS single (pocket step)", single["peak_rss_mib"] / 1024, 6.0,
                   "{:.1f} GiB", higher_is_better=False)
-        rows = regime(args.trl_regime).get("loss_rows", 0)
+        rows = regime(args.trl_regime, args.dtype).get("loss_rows", 0)
         rep.row("trl", "single peak RSS by phase", ", ".join(
             f"{k} {v:.0f}" for k, v in single.get("phase_peak_rss_mib", {}).items())
             + f" MiB (loss_rows {rows or 'all'})")
@@ -250,7 +256,8 @@ def section_roofline(rep: rp.Report, args, ctx: dict) -> None:
 
     res = ctx.get("single_steps")
     if res is None:
-        r = {**regime(args.trl_regime), **({"policy": args.policy} if args.policy else {})}
+        r = {**regime(args.trl_regime, args.dtype),
+             **({"policy": args.policy} if args.policy else {})}
         write_items_store(ctx["work"] / "stores", r["task"], 64)
         res = run_child("single", {"cache_dir": str(ctx["work"] / "stores"), "regime": r,
                                    "policy": r["policy"], "device": "cpu", "reps": args.reps,

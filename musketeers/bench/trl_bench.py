@@ -39,10 +39,14 @@ SMOLLM2 = {"policy": "smollm2", "task": "gsm_symbolic", "prompts": 4, "group_siz
 REGIMES = ("pocket", "smollm2")
 
 
-def regime(name: str) -> dict[str, Any]:
+def regime(name: str, dtype: str | None = None) -> dict[str, Any]:
     """What one step is. ``pocket`` is read from the pocket grid's YAML (its policy, its
     arithmetic task, its dtype) and the pocket budget (prompts, G, new tokens), so the ratio
-    is measured on the step the grid runs, not on a copy of it that can fall behind."""
+    is measured on the step the grid runs, not on a copy of it that can fall behind.
+    ``dtype`` (``--dtype``) replaces the regime's on both sides, for a CPU that computes bf16
+    natively."""
+    if dtype is not None:
+        return {**regime(name), "dtype": dtype}
     if name == "smollm2":
         return dict(SMOLLM2)
     from musketeers.budgets import BUDGETS
@@ -174,13 +178,13 @@ def write_items_store(cache_dir: Path, task: str, limit: int) -> None:
 
 
 def bench_trl(cache_dir: Path, run_root: Path, regime_name: str, reps: int, warmup: int,
-              rounds: int = 2) -> dict[str, dict[str, Any]]:
+              rounds: int = 2, dtype: str | None = None) -> dict[str, dict[str, Any]]:
     """``single`` and TRL in ``rounds`` alternating rounds (single, TRL, single, TRL, …) of
     ``reps`` steps each (``rounds.alternate``), so load that comes and goes falls on both sides;
     then single with the stock decode, against single's prepacked weights."""
     from musketeers.bench.machine import run_child
 
-    r = regime(regime_name)
+    r = regime(regime_name, dtype)
     write_items_store(cache_dir, r["task"], 64)
     base = {"cache_dir": str(cache_dir), "regime": r, "policy": r["policy"], "device": "cpu",
             "reps": reps, "warmup": warmup}
