@@ -354,6 +354,38 @@ def test_the_roofline_section_reports_every_phase_of_real_steps(tmp_path):
         assert re.search(rf"\| roofline \| {phase}: share of its roofline \| \d+\.\d% \| "
                          r"≥ 60\.0% \| (PASS|MISS) \|", text), phase
     assert "| roofline | ceilings: float32 matmul \\| copy bandwidth |" in text
+    # a tiny policy's phases are all overhead: each one below 60 % names its operations
+    missed = re.findall(r"\| roofline \| (\w+): share of its roofline \| [\d.]+% \| "
+                        r"≥ 60\.0% \| MISS \|", text)
+    assert missed
+    for phase in missed:
+        assert re.search(rf"\| roofline \| {phase}: where its time goes \(own CPU time, "
+                         r"profiled step\) \| [^|]*\d+%", text), phase
+
+
+def test_phase_ops_bills_each_operation_to_the_outermost_phase_around_it():
+    from musketeers.bench.phase_ops import PYTHON, PhaseOps, top_ops
+    from musketeers.runtime.step_profile import PhaseClock
+
+    original = PhaseClock.phase
+    clock = PhaseClock()
+    a = torch.randn(64, 64)
+    with PhaseOps() as ops:
+        with clock.phase("forward"):
+            (a @ a).sum()
+            with clock.phase("backward"):  # nested (the loss's forward in the step's): forward
+                torch.relu(a)
+        with clock.phase("optimizer"):
+            a.add_(1)
+    assert PhaseClock.phase is original
+    assert set(ops.by_phase) == {"forward", "optimizer"}
+    forward, optimizer = ops.by_phase["forward"], ops.by_phase["optimizer"]
+    assert {"aten::mm", "aten::relu", PYTHON} <= set(forward["ops"])
+    assert "aten::add_" in optimizer["ops"] and "aten::mm" not in optimizer["ops"]
+    for entry in (forward, optimizer):  # own times add up to the phase's time
+        assert sum(entry["ops"].values()) == pytest.approx(entry["s"], rel=1e-6)
+    shares = top_ops(forward, n=2)
+    assert len(shares) == 2 and shares[0][1] >= shares[1][1] > 0
 
 
 def test_a_budgets_work_is_what_the_trainer_counts_for_such_a_step():

@@ -282,6 +282,33 @@ def section_roofline(rep: rp.Report, args, ctx: dict) -> None:
         rep.row("roofline", f"{phase}: measured | ideal ({s['bound']})",
                 f"{s['measured_s']:.2f} | {s['ideal_s']:.2f} s/step")
         rep.check("roofline", f"{phase}: share of its roofline", s["share"], 0.6, "{:.1%}")
+    slow = [p for p, s in shares.items() if s["share"] is not None and s["share"] < 0.6]
+    if slow:
+        phase_profile(rep, args, ctx, res, slow)
+
+
+def phase_profile(rep: rp.Report, args, ctx: dict, res: dict, slow: list[str]) -> None:
+    """Where each phase below 60 % of its roofline spends its time: the operations with the
+    most own CPU time in one more step, run under torch's profiler (``bench.phase_ops``)."""
+    from musketeers.bench.machine import run_child
+    from musketeers.bench.phase_ops import top_ops
+    from musketeers.bench.trl_bench import regime
+
+    r = {**regime(args.trl_regime, args.dtype),
+         **({"policy": args.policy} if args.policy else {})}
+    out = run_child("single", {"cache_dir": str(ctx["work"] / "stores"), "regime": r,
+                               "policy": r["policy"], "device": "cpu", "reps": 0,
+                               "warmup": 1, "profile": True,
+                               "run_dir": str(ctx["work"] / "runs" / "profile")})
+    if "error" in out:
+        rep.skip("roofline", "profile of the slow phases", out["error"])
+        return
+    for phase in slow:
+        entry = out["phase_ops"].get(phase)
+        if entry is None:
+            continue
+        rep.row("roofline", f"{phase}: where its time goes (own CPU time, profiled step)",
+                ", ".join(f"{name} {share:.0%}" for name, share in top_ops(entry)))
 
 
 def section_sharing(rep: rp.Report, args, ctx: dict) -> None:

@@ -112,6 +112,13 @@ def run_steps(params: dict[str, Any]) -> dict[str, Any]:
         lens.append(row["completion_len"])
         profile.append((row["phase_s"], row["work"]))
         expert_s.append(source.seconds - before if live else 0.0)
+    ops = {}
+    if params.get("profile"):  # one more step, untimed: the profiler slows what it watches
+        from musketeers.bench.phase_ops import PhaseOps
+
+        with PhaseOps() as profiled:
+            train_step(cfg, cfg.steps, policy, adapter, data, optimizer, scheduler, method=method)
+        ops = {"phase_ops": profiled.by_phase}
     w = params["warmup"]
     paired_rows, live_steps = {}, cfg.steps
     if paired:  # even steps cached, odd steps live
@@ -134,7 +141,7 @@ def run_steps(params: dict[str, Any]) -> dict[str, Any]:
         "expert_params": [_frozen_params(m) for m, _ in source.experts] if source else [],
         "experts_weights_mib": source.weights_bytes / 2**20 if source else 0.0,
         "inner_iters": cfg.inner_iters, "beta": cfg.beta, "dtype": cfg.dtype,
-        "policy": cfg.policy, "team": cfg.team, **paired_rows,
+        "policy": cfg.policy, "team": cfg.team, **paired_rows, **ops,
     }
 
 
