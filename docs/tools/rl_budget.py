@@ -43,7 +43,14 @@ def row(run: Path) -> str:
             f"| {cfg['prompts_per_micro'] * cfg['grad_accum']} × {cfg['group_size']} "
             f"| {len(rows)} | {100 * reward[:EDGE].mean():.1f} | {100 * reward[-EDGE:].mean():.1f} "
             f"| {100 * t.rise:+.1f} ({100 * t.low:+.1f} to {100 * t.high:+.1f}) "
-            f"| {np.mean([r['zero_var_frac'] for r in rows]):.2f} | {verdict} |")
+            f"| {np.mean([r['zero_var_frac'] for r in rows]):.2f} "
+            f"| {_edges(rows, 'kl')} | {_edges(rows, 'truncated_frac', 100, 0)} | {verdict} |")
+
+
+def _edges(rows: list[dict], key: str, scale: float = 1.0, digits: int = 2) -> str:
+    """``key`` over the first and the last ``EDGE`` steps, "first → last"."""
+    v = [scale * r[key] for r in rows if r.get(key) is not None]
+    return f"{np.mean(v[:EDGE]):.{digits}f} → {np.mean(v[-EDGE:]):.{digits}f}" if v else "–"
 
 
 def main() -> None:
@@ -59,8 +66,10 @@ def main() -> None:
     table = [row(run) for run in sorted(runs)]  # every run read before a line is printed
     print("| run | policy | task | LoRA lr | β | prompts × G per step | GRPO steps "
           f"| reward, first {EDGE} steps (%) | reward, last {EDGE} steps (%) "
-          "| fitted rise, points (95 %) | zero-variance groups | verdict |")
-    print("|---|---|---|---:|---:|---|---:|---:|---:|---|---:|---|")
+          "| fitted rise, points (95 %) | zero-variance groups "
+          f"| KL to the reference, first → last {EDGE} steps "
+          f"| truncated (%), first → last {EDGE} steps | verdict |")
+    print("|---|---|---|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---|")
     print("\n".join(table))
 
 if __name__ == "__main__":
