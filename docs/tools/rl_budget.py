@@ -44,7 +44,8 @@ def row(run: Path) -> str:
             f"| {len(rows)} | {100 * reward[:EDGE].mean():.1f} | {100 * reward[-EDGE:].mean():.1f} "
             f"| {100 * t.rise:+.1f} ({100 * t.low:+.1f} to {100 * t.high:+.1f}) "
             f"| {np.mean([r['zero_var_frac'] for r in rows]):.2f} "
-            f"| {_edges(rows, 'kl')} | {_edges(rows, 'truncated_frac', 100, 0)} | {verdict} |")
+            f"| {_edges(rows, 'kl') if cfg['beta'] else '– (β = 0: not computed)'} "
+            f"| {_edges(rows, 'truncated_frac', 100, 0)} | {verdict} |")
 
 
 def _edges(rows: list[dict], key: str, scale: float = 1.0, digits: int = 2) -> str:
