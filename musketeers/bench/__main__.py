@@ -252,12 +252,11 @@ def section_roofline(rep: rp.Report, args, ctx: dict) -> None:
     from musketeers.bench.machine import run_child
     from musketeers.bench.matmul import matmul_flops
     from musketeers.bench.roofline import copy_bandwidth, phase_shares
-    from musketeers.bench.trl_bench import regime, write_items_store
+    from musketeers.bench.trl_bench import write_items_store
 
     res = ctx.get("single_steps")
     if res is None:
-        r = {**regime(args.trl_regime, args.dtype),
-             **({"policy": args.policy} if args.policy else {})}
+        r = step_regime(args)
         write_items_store(ctx["work"] / "stores", r["task"], 64)
         res = run_child("single", {"cache_dir": str(ctx["work"] / "stores"), "regime": r,
                                    "policy": r["policy"], "device": "cpu", "reps": args.reps,
@@ -284,18 +283,24 @@ def section_roofline(rep: rp.Report, args, ctx: dict) -> None:
         rep.check("roofline", f"{phase}: share of its roofline", s["share"], 0.6, "{:.1%}")
     slow = [p for p, s in shares.items() if s["share"] is not None and s["share"] < 0.6]
     if slow:
-        phase_profile(rep, args, ctx, res, slow)
+        phase_profile(rep, args, ctx, slow)
 
 
-def phase_profile(rep: rp.Report, args, ctx: dict, res: dict, slow: list[str]) -> None:
+def step_regime(args) -> dict:
+    """The roofline's step: the TRL rows' regime in ``--dtype``, with ``--policy`` if given."""
+    from musketeers.bench.trl_bench import regime
+
+    return {**regime(args.trl_regime, args.dtype),
+            **({"policy": args.policy} if args.policy else {})}
+
+
+def phase_profile(rep: rp.Report, args, ctx: dict, slow: list[str]) -> None:
     """Where each phase below 60 % of its roofline spends its time: the operations with the
     most own CPU time in one more step, run under torch's profiler (``bench.phase_ops``)."""
     from musketeers.bench.machine import run_child
     from musketeers.bench.phase_ops import top_ops
-    from musketeers.bench.trl_bench import regime
 
-    r = {**regime(args.trl_regime, args.dtype),
-         **({"policy": args.policy} if args.policy else {})}
+    r = step_regime(args)
     out = run_child("single", {"cache_dir": str(ctx["work"] / "stores"), "regime": r,
                                "policy": r["policy"], "device": "cpu", "reps": 0,
                                "warmup": 1, "profile": True,
