@@ -857,6 +857,31 @@ def test_the_spearman_claim_swaps_in_the_controls_entropy_against_ours_own_rewar
     assert "**within noise of its control: not evidence**" in same["correlate negatively"]
 
 
+def test_routing_claims_are_judged_per_channel_against_the_control_on_that_channel(
+        tmp_path: Path):
+    """A grid through a token channel gets §4.3's claims on that channel; a shuffled-reward
+    control on another channel is no control for them."""
+    answer = {**KEY, "pooling": None, "channel": "answer", "token_layer": -1}
+    falls, flat = [(1.0, 0.8, 0.5), (1.0, 0.7, 0.4)], [(1.0, 1.0, 1.0), (1.0, 0.99, 0.98)]
+    for seed in range(2):
+        write_run(tmp_path, f"ours{seed}", 0.5, entropy=falls[seed], seed=seed, **answer)
+        # the only flat control is pooled: it must not serve the answer channel's claims
+        write_run(tmp_path, f"ctl{seed}", 0.5, entropy=flat[seed], seed=seed,
+                  **{**KEY, "method": "shuffled_reward"})
+    runs = agg.load_runs(tmp_path)
+    claims = [c for c in paper_claims(runs, 8) if "§4.3: on Arithmetic" in c]
+    assert len(claims) == 3
+    assert all("Ours (default team, answer channel) vs" in c for c in claims)
+    entropy = next(c for c in claims if "entropy falls" in c)
+    assert "**no control run: not evidence**" in entropy
+    for seed in range(2):  # now its own channel's control, flat: the fall holds
+        write_run(tmp_path, f"actl{seed}", 0.5, entropy=flat[seed], seed=seed,
+                  **{**answer, "method": "shuffled_reward"})
+    claims = [c for c in paper_claims(agg.load_runs(tmp_path), 8) if "§4.3: on Arithmetic" in c]
+    entropy = next(c for c in claims if "entropy falls" in c)
+    assert "**holds here**" in entropy and "(seeds 0, 1)" in entropy
+
+
 def test_routing_changes_come_from_the_summary_when_it_has_them(tmp_path: Path):
     d = write_run(tmp_path, "r", 0.5, entropy=(1.0, 0.9, 0.8), **KEY)
     (d / "summary.json").write_text(json.dumps({

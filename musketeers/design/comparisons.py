@@ -33,7 +33,8 @@ class Comparison:
 def channel_comparisons(channel: str) -> tuple[Comparison, ...]:
     """Claims through a token channel (at the default layer): the positive control (the oracle
     read through ``channel``) and the default team read through it, each against Single and
-    against its own shuffled experts on that channel."""
+    against its own shuffled experts on that channel; then the default team against its
+    shuffled-reward control on that channel."""
     on = {"channel": channel, "token_layer": DEFAULT_TOKEN_LAYER}
     oracle = {**OURS, "team": "oracle"}
     return (
@@ -51,6 +52,10 @@ def channel_comparisons(channel: str) -> tuple[Comparison, ...]:
                    {**OURS, "method": "shuffled_experts"},
                    f"what the experts' {channel} states say about this item helps",
                    defaults=on),
+        Comparison(f"reward: Ours ({channel}) > shuffled reward", OURS,
+                   {**OURS, "method": "shuffled_reward"},
+                   f"the reward, not the updates themselves, raises Ours through the {channel} "
+                   "channel", defaults=on),
     )
 
 

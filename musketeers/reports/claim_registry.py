@@ -19,11 +19,9 @@ from musketeers.reports.claims import (
     ours_beats_single_claims,
     reward_claim,
 )
-from musketeers.reports.keys import select
 from musketeers.reports.learning import rl_moves_claim
-from musketeers.reports.routing_claims import routing_claims
+from musketeers.reports.routing_claims import PAPER_CHANNEL, ours_channels, routing_claims
 from musketeers.reports.tables import (
-    DEFAULT_POOLING,
     DEFAULT_TEAM,
     EXACT_CONTROL,
     ROUTING_CONTROL,
@@ -56,10 +54,11 @@ def _per_task(one: Callable[[list[Run], str, int], str | None]) -> Callable[[Sco
 
 
 def _routing(s: Scope) -> list[str]:
-    """§4.3 on every family where Ours ran (Arithmetic's, the paper's, when none did)."""
-    key = dict(pooling=DEFAULT_POOLING, latents=s.latents, **DEFAULT_TEAM)
-    tasks = [t for t in tasks_of(s.runs) if select(s.runs, task=t, **key)] or ["arithmetic"]
-    return [line for t in tasks for line in routing_claims(s.runs, t, s.latents)]
+    """§4.3 on every family and channel where Ours ran (Arithmetic's pooled vectors, the
+    paper's, when none did)."""
+    where = [(t, on) for t in tasks_of(s.runs) for on in ours_channels(s.runs, t, s.latents)]
+    return [line for t, on in where or [("arithmetic", PAPER_CHANNEL)]
+            for line in routing_claims(s.runs, t, s.latents, on)]
 
 
 CLAIMS: tuple[Claim, ...] = (

@@ -1,14 +1,19 @@
 """§4.3's routing claims, each stated for Ours' default team against its shuffled-reward
 control on the same seeds: that run takes as many updates on the same items, from the same
 init, with each batch's rewards permuted, so routing that moves as much there moved without
-reward. The noise is the spread over seeds (SE = std / √n); one seed gets no verdict."""
+reward. The noise is the spread over seeds (SE = std / √n); one seed gets no verdict.
+Each channel Ours read (the paper's pooled vectors, or a token channel) gets its own claims,
+against the control on the same channel."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
+from musketeers.cache.tokens import POOLED
+from musketeers.config import DEFAULT_TOKEN_LAYER
 from musketeers.reports.aggregate import Run, mean_std, spearman_reward_entropy
 from musketeers.reports.keys import select
 from musketeers.reports.tables import DEFAULT_POOLING, DEFAULT_TEAM, ROUTING_CONTROL
@@ -16,6 +21,9 @@ from musketeers.reports.verdicts import NO_CONTROL, claim_line, seeds_text, two_
 from musketeers.tasks.variants import task_title
 
 PAPER_SPEARMAN = -0.48
+# the paper's channel as a cell names it (keys.channel_fields): the pooled vectors
+PAPER_CHANNEL: dict[str, Any] = {"pooling": DEFAULT_POOLING, "channel": POOLED,
+                                 "token_layer": None}
 # the routing's change over training, per run (aggregate.Run): (claim, Run attribute, the sign
 # of "holds", how to say the two means). Signed, with four decimals: at the pocket budget the
 # changes are thousandths of a nat, and "fell by -0.001" would read as a fall.
@@ -29,15 +37,40 @@ CHANGE_CLAIMS: tuple[tuple[str, str, int, str], ...] = (
 )
 
 
-def routing_claims(runs: list[Run], task: str, latents: int) -> list[str]:
-    """Every §4.3 claim on ``task``: the routing's changes, then ρ(reward, H)."""
-    return [*(change_claim(runs, task, latents, *c) for c in CHANGE_CLAIMS),
-            spearman_claim(runs, task, latents)]
+def ours_channels(runs: list[Run], task: str, latents: int) -> list[dict[str, Any]]:
+    """Every channel Ours (default team) read on ``task``, as its cells name it: the paper's
+    pooled vectors first (another pooling is the pooling ablation's, not a channel), then
+    each token channel at each layer it ran."""
+    seen: list[dict[str, Any]] = []
+    for r in select(runs, task=task, latents=latents, **DEFAULT_TEAM):
+        on = {k: r.key.get(k) for k in PAPER_CHANNEL}
+        if on not in seen and (on["channel"] != POOLED or on == PAPER_CHANNEL):
+            seen.append(on)
+    return sorted(seen, key=lambda on: (on != PAPER_CHANNEL, str(on["channel"]),
+                                        on["token_layer"] or 0))
 
 
-def _done(runs: list[Run], task: str, latents: int, method: str) -> dict[int, Run]:
-    return {r.seed: r for r in select(runs, task=task, pooling=DEFAULT_POOLING, latents=latents,
-                                      **{**DEFAULT_TEAM, "method": method})
+def _ours(on: dict[str, Any]) -> str:
+    """Ours' name in a claim: the channel said wherever it is not the paper's."""
+    if on == PAPER_CHANNEL:
+        return "Ours (default team)"
+    layer = on["token_layer"]
+    at = "" if layer in (None, DEFAULT_TOKEN_LAYER) else f", layer {layer}"
+    return f"Ours (default team, {on['channel']} channel{at})"
+
+
+def routing_claims(runs: list[Run], task: str, latents: int,
+                   on: dict[str, Any] = PAPER_CHANNEL) -> list[str]:
+    """Every §4.3 claim on ``task`` through the channel ``on``: the routing's changes, then
+    ρ(reward, H)."""
+    return [*(change_claim(runs, task, latents, *c, on=on) for c in CHANGE_CLAIMS),
+            spearman_claim(runs, task, latents, on)]
+
+
+def _done(runs: list[Run], task: str, latents: int, method: str,
+          on: dict[str, Any]) -> dict[int, Run]:
+    return {r.seed: r for r in select(runs, task=task, latents=latents,
+                                      **{**on, **DEFAULT_TEAM, "method": method})
             if r.status == "done"}
 
 
@@ -62,13 +95,13 @@ def _verdict(text: str, sign: int, ours: list[float], control: list[float], phra
 
 
 def change_claim(runs: list[Run], task: str, latents: int, what: str, attr: str, sign: int,
-                 phrase: str) -> str:
+                 phrase: str, on: dict[str, Any] = PAPER_CHANNEL) -> str:
     """One change of the routing over training (``attr`` of each run), Ours against its
-    shuffled-reward control's same change."""
-    text = f"§4.3: on {task_title(task)}, {what}; Ours (default team) vs shuffled reward"
+    shuffled-reward control's same change, through the channel ``on``."""
+    text = f"§4.3: on {task_title(task)}, {what}; {_ours(on)} vs shuffled reward"
 
     def values(method: str) -> dict[int, float]:
-        return {s: v for s, r in _done(runs, task, latents, method).items()
+        return {s: v for s, r in _done(runs, task, latents, method, on).items()
                 if (v := getattr(r, attr)) is not None}
 
     ours, ctl = values(DEFAULT_TEAM["method"]), values(ROUTING_CONTROL)
@@ -84,7 +117,8 @@ def change_claim(runs: list[Run], task: str, latents: int, what: str, attr: str,
                     seeds)
 
 
-def spearman_claim(runs: list[Run], task: str, latents: int) -> str:
+def spearman_claim(runs: list[Run], task: str, latents: int,
+                   on: dict[str, Any] = PAPER_CHANNEL) -> str:
     """"Reward and routing entropy correlate negatively" (paper: mean ρ = −0.48) over Ours'
     training steps, against the same reward series correlated with the shuffled-reward
     control's entropy, step by step. Both runs draw the same items at each step from the same
@@ -94,10 +128,10 @@ def spearman_claim(runs: list[Run], task: str, latents: int) -> str:
     not routing shaped by reward. (The control's ρ with its own reward is no comparison: a
     policy that learns less has rewards that track the items less.)"""
     text = (f"§4.3: on {task_title(task)}, reward and routing entropy correlate negatively "
-            f"(paper: mean ρ = {PAPER_SPEARMAN}); Ours (default team) vs Ours' reward against "
+            f"(paper: mean ρ = {PAPER_SPEARMAN}); {_ours(on)} vs Ours' reward against "
             "the shuffled-reward control's entropy on the same steps")
-    ours, ctl = _done(runs, task, latents, DEFAULT_TEAM["method"]), _done(
-        runs, task, latents, ROUTING_CONTROL)
+    ours, ctl = _done(runs, task, latents, DEFAULT_TEAM["method"], on), _done(
+        runs, task, latents, ROUTING_CONTROL, on)
     own = {s: r.spearman for s, r in ours.items() if r.spearman is not None}
     if not own:
         return claim_line(text, None, "")
