@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from musketeers.cache.backbone import Backbone, forward_states, pad
-from musketeers.cache.batching import length_batches
+from musketeers.cache.batching import BATCH_OVERHEAD_TOKENS, length_batches
 from musketeers.cache.items import Item
 from musketeers.cache.layout import HINT_SCORES
 from musketeers.cache.pooling import random_positions
@@ -121,6 +121,14 @@ def compute_rows(model, tokenizer, items: list[Item], rows: np.ndarray,
     return out, int(n_tok.sum())
 
 
+def generation_overhead(max_new_tokens: int) -> int:
+    """A ``generate`` call's fixed cost in token-equivalents (``length_batches``' overhead): a
+    forward call per new token, each costing about what the prefill's one call does. Costed
+    as a single prefill, the batcher cut a chunk's hints into batches of 6–15 rows, and each
+    paid the decode loop's per-step cost on its own."""
+    return BATCH_OVERHEAD_TOKENS * (1 + max_new_tokens)
+
+
 def compute_hints(model, tokenizer, items: list[Item], cfg: PrecomputeConfig,
                   oracle: bool = False, layers: tuple[int, ...] = (),
                   tick: Callable[[int], None] | None = None) -> tuple[dict, int]:
@@ -130,7 +138,8 @@ def compute_hints(model, tokenizer, items: list[Item], cfg: PrecomputeConfig,
     seqs, _ = prompt_seqs(tokenizer, items, context_length(model, cfg.max_length), oracle)
     hints = np.empty(len(items), dtype=object)
     states: dict[int, list] = {}
-    for batch in length_batches([len(s) for s in seqs], cfg.batch_tokens):
+    for batch in length_batches([len(s) for s in seqs], cfg.batch_tokens,
+                                generation_overhead(cfg.hint_tokens)):
         texts, got = greedy_answers(model, tokenizer, [seqs[i] for i in batch], cfg.hint_tokens,
                                     layers)
         hints[batch] = texts

@@ -598,3 +598,24 @@ def test_the_computed_token_store_size_is_what_precompute_stores(tmp_path):
             stored += sum(u["flat"][str(c)].nbytes for c in range(u["done"].shape[0]))
     sizes = store_sizes({"x": task}, specs, 3, "float32", 8)["x"]
     assert sizes["items"] == 6 and sizes["tokens"] == stored > 0
+
+
+def test_the_hints_rows_time_both_cuts_and_print_their_ratio():
+    import torch
+    from conftest import make_items, tiny_specs
+
+    from musketeers.bench.precompute_bench import bench_hints
+    from musketeers.cache.experts import load_expert
+
+    spec = next(s for s in tiny_specs() if s.name == "tiny-llama")
+    model, tok = load_expert(spec, "cpu", torch.float32)
+    got = bench_hints(model, tok, make_items(12), "cpu", reps=2)
+    assert got["hint_batches"]["generation"] < got["hint_batches"]["prefill"]
+    assert all(len(t) == 2 for t in got["hints_s"].values())
+    r = {"expert": "x", "ceiling": "fp32", "tokens": 1000, "prompts": 12, "mean_len": 100,
+         "max_len": 120, "params_nonembed": 10**6, "fast_s": [1.0], "naive_s": [10.0],
+         **got, "hints_s": {"generation": [1.0, 1.2], "prefill": [3.0, 2.8]}}
+    rep = rp.Report({}, {}, "cmd")
+    summarize(rep, r, {"fp32": [4e9], "bf16": [40e9]}, "precompute", {})
+    row = next(row for row in rep.rows if "hints (12 prompts" in row.metric)
+    assert row.value.startswith("2.64× (") and "generate calls" in row.value

@@ -59,6 +59,36 @@ def test_length_batches_splits_an_outlier_from_its_neighbours():
     assert cost(batches, lengths, 64) < len(lengths) * 499
 
 
+def test_hints_are_generated_in_as_few_calls_as_the_token_budget_allows(monkeypatch):
+    """A generate call runs a forward per new token, so the hints' batches are costed with that
+    overhead: every batch but the last fills the token budget, and each item's answer is the
+    one it gets generated alone."""
+    import musketeers.cache.compute as compute
+
+    spec = next(s for s in tiny_specs() if s.name == "tiny-llama")
+    model, tok = load_expert(spec, "cpu", torch.float32)
+    items = make_items(12)
+    lengths = [len(s) for s in compute.prompt_seqs(tok, items, 10**6)[0]]
+    budget = len(items) * max(lengths)  # room for every item in one batch
+    cfg = PrecomputeConfig(batch_tokens=budget, hint_tokens=6)
+    sizes: list[int] = []
+    real = compute.greedy_answers
+
+    def counted(model, tokenizer, seqs, *args, **kwargs):
+        sizes.append(len(seqs))
+        return real(model, tokenizer, seqs, *args, **kwargs)
+
+    monkeypatch.setattr(compute, "greedy_answers", counted)
+    batched = compute.compute_hints(model, tok, items, cfg)[0]["hints"]
+    # one call, where the prefill's cost model pays some padding to save a call or two
+    assert sizes == [len(items)] and len(length_batches(lengths, budget)) > 1
+    sizes.clear()
+    alone = compute.compute_hints(model, tok, items, PrecomputeConfig(batch_tokens=1,
+                                                                       hint_tokens=6))[0]
+    assert sizes == [1] * len(items)
+    assert list(batched) == list(alone["hints"])
+
+
 def test_want_compile_modes():
     assert want_compile("on", 1) and not want_compile("off", 10**6, "cuda")
     assert not want_compile("auto", 10, "cuda") and want_compile("auto", 10**6, "cuda")

@@ -6,6 +6,9 @@ pass), measured eager and with the ``torch.compile``d backbone of ``--compile on
 compile time reported beside it).
 Naive path: one prompt at a time through the full model with logits and
 ``output_hidden_states=True``. Both see the same prompts through the expert's chat template.
+Hints: the expert's greedy answers (``--hints``) batched as ``compute_hints`` cuts them, a
+generate call costed as the forward per new token it runs, against the prefill's cut, which
+costs a call as one forward; the two interleaved, ``HINT_TOKENS`` new tokens at most.
 
 FLOP convention: 2 · (non-embedding parameters) · tokens, the forward cost of every matmul
 whose weight is not an embedding table; attention's T² term is left out, so the achieved
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import gc
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -25,6 +29,7 @@ from musketeers.bench.machine import median, repeat
 from musketeers.cache.items import Item
 
 log = logging.getLogger("musketeers.bench")
+HINT_TOKENS = 32  # the hints rows' answer length (precompute's is 128): a bench of minutes
 
 
 def non_embedding_params(model: torch.nn.Module) -> int:
@@ -139,9 +144,45 @@ def bench_expert(spec, items: list[Item], device: str, dtype: torch.dtype, reps:
         "fast_ceil": fast_ceil,
         "compiled_ceil": compiled_ceil,
     }
+    result.update(bench_hints(model, tok, items, device, reps))
     model = None  # free the weights before the next expert loads
     gc.collect()
     return result
+
+
+def bench_hints(model: torch.nn.Module, tok: Any, items: list[Item], device: str,
+                reps: int) -> dict[str, Any]:
+    """Seconds per pass of the expert's greedy answers over ``items``: batched as
+    ``compute_hints`` batches them against the prefill's cut, in alternating repetitions so
+    that load on the machine falls on both."""
+    from musketeers.cache.batching import length_batches
+    from musketeers.cache.compute import (
+        context_length,
+        generation_overhead,
+        greedy_answers,
+        prompt_seqs,
+    )
+    from musketeers.cache.precompute import PrecomputeConfig
+
+    budget = PrecomputeConfig().batch_tokens
+    seqs, _ = prompt_seqs(tok, items, context_length(model, PrecomputeConfig().max_length))
+    lengths = [len(q) for q in seqs]
+    cuts = {"generation": length_batches(lengths, budget, generation_overhead(HINT_TOKENS)),
+            "prefill": length_batches(lengths, budget)}
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def answers(cut: str) -> Callable[[], None]:
+        def run() -> None:
+            for b in cuts[cut]:
+                greedy_answers(model, tok, [seqs[i] for i in b], HINT_TOKENS)
+            sync()
+        return run
+
+    times: dict[str, list[float]] = {cut: [] for cut in cuts}
+    for r in range(reps):
+        for cut in cuts:
+            times[cut] += repeat(answers(cut), 1, label=f"hints {cut} cut, repetition {r + 1}")
+    return {"hint_batches": {c: len(b) for c, b in cuts.items()}, "hints_s": times}
 
 
 def summarize(report, r: dict[str, Any], ceil: dict[str, list[float]], section: str,
@@ -183,6 +224,15 @@ def summarize(report, r: dict[str, Any], ceil: dict[str, list[float]], section: 
                      target, "{:.1%}")
     report.check(section, f"{name} ({label}): batched vs naive", tokens / best / naive_tps, 5.0,
                  "{:.1f}×")
+    if "hints_s" in r:
+        gen, pre = (r["hints_s"][c] for c in ("generation", "prefill"))
+        batches = r["hint_batches"]
+        report.measure(section, f"{name} hints, batched for generation", "s/pass", gen)
+        report.measure(section, f"{name} hints, the prefill's cut", "s/pass", pre)
+        report.row(section, f"{name}: hints ({r['prompts']} prompts, {HINT_TOKENS} new tokens "
+                   "at most), the prefill's cut ÷ batched for generation",
+                   f"{median(pre) / median(gen):.2f}× ({batches['prefill']} generate calls "
+                   f"against {batches['generation']})")
 
 
 def _fractions(r: dict[str, Any], path: str, ceil: dict[str, list[float]]) -> list[float]:

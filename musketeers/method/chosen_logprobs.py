@@ -52,16 +52,22 @@ class _ChosenLogprobs(torch.autograd.Function):
             if temperature != 1.0:
                 logits = logits / temperature
             chosen = ids[s:s + rows].unsqueeze(-1)
-            lse = torch.logsumexp(logits, dim=-1)
-            out[s:s + rows] = logits.gather(-1, chosen).squeeze(-1) - lse
+            picked = logits.gather(-1, chosen)
+            # log-sum-exp as torch computes it (max + log Σ exp(x − max)), but its exponentials
+            # kept in place of the logits: the softmax below reuses them instead of a second
+            # V-sized subtraction and exp
+            top = logits.amax(dim=-1, keepdim=True)
+            exps = logits.sub_(top).exp_()
+            total = exps.sum(dim=-1, keepdim=True)
+            out[s:s + rows] = (picked - top - total.log()).squeeze(-1)
             if unit is not None:
-                # e_y − softmax, in place of the logits: one V-sized buffer per chunk
-                grad = logits.sub_(lse.unsqueeze(-1)).exp_().neg_()
+                # e_y − softmax, in the same buffer
+                grad = exps.div_(total).neg_()
                 grad.scatter_add_(-1, chosen, torch.ones_like(chosen, dtype=grad.dtype))
                 if temperature != 1.0:
                     grad = grad / temperature
                 unit[s:s + rows] = grad.to(weight.dtype) @ weight
-            del logits
+            del logits, exps
         ctx.save_for_backward(unit)
         return out
 
