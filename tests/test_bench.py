@@ -619,3 +619,19 @@ def test_the_hints_rows_time_both_cuts_and_print_their_ratio():
     summarize(rep, r, {"fp32": [4e9], "bf16": [40e9]}, "precompute", {})
     row = next(row for row in rep.rows if "hints (12 prompts" in row.metric)
     assert row.value.startswith("2.64× (") and "generate calls" in row.value
+
+
+def test_every_timed_step_runs_its_update_whatever_the_rewards(tmp_path):
+    """A tiny policy scores 0 on every completion: with the trainer's default a step would stop
+    after sampling, and a row would compare steps of unequal work."""
+    from musketeers.bench.train_bench import run_steps
+
+    fixtures = Path(__file__).parent / "fixtures"
+    r = run_steps({"task": "logic", "cache_dir": str(fixtures), "run_dir": str(tmp_path / "r"),
+                   "device": "cpu", "reps": 2, "warmup": 0, "team": None,
+                   "overrides": {"budget": "smoke", "policy": "tiny", "team": None,
+                                 "experts": ["tiny-qwen2", "tiny-llama"], "max_new_tokens": 4,
+                                 "dtype": "float32"}})
+    assert len(r["profile"]) == 2
+    for phases, work in r["profile"]:
+        assert phases["backward"] > 0 and work["forward_passes"] >= 1

@@ -72,7 +72,10 @@ def train_config(params: dict[str, Any]):
     overrides = {"budget": "pocket", "task": params["task"], "team": params.get("team", "default"),
                  "cache_dir": params["cache_dir"], "run_dir": params["run_dir"],
                  "method": params.get("method", "perceiver"), "device": params["device"],
-                 "steps": (params["warmup"] + params["reps"]) * (2 if params.get("paired") else 1)}
+                 "steps": (params["warmup"] + params["reps"]) * (2 if params.get("paired") else 1),
+                 # every step runs its update: a step whose groups all scored alike would
+                 # otherwise stop after sampling, and the rows would time the rewards' luck
+                 "skip_no_signal": False}
     overrides.update(params.get("overrides", {}))
     return resolve_config(overrides=overrides)
 
