@@ -475,6 +475,17 @@ def test_a_ratio_is_printed_only_when_both_sides_are_steady():
     assert rp.steady_ratio([], [1.0])[0] is None
 
 
+def test_a_paired_ratio_judges_the_pairs_not_each_sides_spread():
+    # the second step did twice the work on both sides: each side spreads ±33 %, the pairs not
+    ratio, why = rp.paired_ratio([12.0, 24.0, 12.5], [10.0, 20.0, 10.0])
+    assert ratio == pytest.approx(1.2) and "3 paired repetitions" in why
+    assert rp.steady_ratio([12.0, 24.0, 12.5], [10.0, 20.0, 10.0])[0] is None
+    # load on one side only: the pairs' ratios spread, no ratio
+    ratio, why = rp.paired_ratio([12.0, 24.0], [10.0, 10.0])
+    assert ratio is None and "too noisy" in why
+    assert rp.paired_ratio([1.0], [1.0, 2.0]) == (None, "the repetitions do not pair up")
+
+
 def test_alternating_rounds_keep_every_step_and_the_round_it_came_from():
     from musketeers.bench.rounds import merged
 
@@ -497,7 +508,7 @@ def test_the_channels_section_times_each_channel_against_pooled(tmp_path):
                  "--out", str(out), "--work-dir", str(tmp_path / "w")]) == 0
     text = out.read_text()
     # the only SKIP a real run may print: a ratio withheld on a noisy machine (real timings)
-    noisy = r"— \|  \| SKIP: the machine was too noisy: spread [^|]*"
+    noisy = r"— \|  \| SKIP: the machine was too noisy: [^|]*"
     assert all(re.search(rf"÷ pooled step \| {noisy}\|", ln)
                for ln in text.splitlines() if "SKIP" in ln)
     assert re.search(r"\| channels \| tokens step ÷ pooled step \| (\d+\.\d\d× \| ≤ 1\.50× \| "
@@ -547,22 +558,25 @@ def test_the_channels_section_alternates_the_channels_in_rounds(tmp_path, monkey
 
 
 @pytest.mark.parametrize(("noisy", "withheld"), [
-    (None, ()), ("tokens", ("tokens",)), ("pooled", ("tokens", "answer"))])
+    (None, ()), ("tokens", ("tokens",)), ("pooled", ("tokens", "answer")), ("all", ())])
 def test_the_channels_section_prints_no_ratio_for_a_noisy_side(tmp_path, monkeypatch, noisy,
                                                                 withheld):
-    """A side whose repetitions spread past 25 % of their median (load on the machine) gets no
-    ratio to pooled, and tokens no PASS/MISS; the rows say the machine was too noisy."""
+    """A side whose steps, paired with pooled's, spread past 25 % of their median ratio (load
+    on one side) gets no ratio to pooled, and tokens no PASS/MISS; the rows say the machine
+    was too noisy. Load on every side alike (``all``) leaves the pairs' ratios steady."""
     from musketeers.bench import channels_bench as cb
 
     base = {"pooled": 10.0, "tokens": 12.0, "answer": 13.0}
     # the noisy side doubles its step in the second round: ±33 % of its median
-    _fake_train_children(monkeypatch, lambda ch, k: base[ch] * (1 + k * (ch == noisy)))
+    _fake_train_children(monkeypatch,
+                         lambda ch, k: base[ch] * (1 + k * (noisy in (ch, "all"))))
     rep = rp.Report({}, {}, "cmd")
     cb.report(rep, cb.bench_channels(tmp_path, tmp_path / "runs", "t", "cpu", reps=2, warmup=0,
                                      overrides={}))
     rows = {r.metric: r for r in rep.rows}
     spreads = rows["spread of the repetitions pooled | tokens | answer"].value
-    assert spreads.startswith(" | ".join("±33%" if ch == noisy else "±0%" for ch in base))
+    assert spreads.startswith(" | ".join("±33%" if noisy in (ch, "all") else "±0%"
+                                         for ch in base))
     for ch, ratio in (("tokens", "1.20×"), ("answer", "1.30×")):
         row = rows[f"{ch} step ÷ pooled step"]
         if ch in withheld:

@@ -4,9 +4,12 @@ The store of the step rows is built by precompute itself, with every prompt toke
 (``tokens``) and every greedy answer token's (``answer``) at each expert's last layer. Each
 channel's steps run in a child process of their own (``worker``), so each peak RSS is its
 own. The children run in alternating rounds (pooled, tokens, answer, pooled, …;
-``rounds.alternate``), so load that comes and goes on the machine falls on every channel, and a
-channel's step is read as a ratio to ``pooled``'s only when the repetitions of both lie
-within ``report.STEADY`` of their medians; otherwise the row says the machine was too noisy.
+``rounds.alternate``), so load that comes and goes on the machine falls on every channel. Every
+child runs the same steps on the same items, so a channel's step k of round r pairs with
+pooled's: a channel's step is read as the median of those pairs' ratios, only when they lie
+within ``report.STEADY`` of it (``report.paired_ratio``); otherwise the row says the machine
+was too noisy. The steps' own spread (a step's items set its prompt lengths) falls on both
+sides of a pair alike.
 
 The store sizes of the pocket grid's tasks are computed: token counts (each expert's tokenizer
 over every item of both splits, as precompute renders them) × width × the bytes of the grid's
@@ -18,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from musketeers.bench.report import STEADY, spread, steady_ratio
+from musketeers.bench.report import STEADY, paired_ratio, spread
 from musketeers.bench.rounds import Child, alternate
 from musketeers.cache.tokens import CHANNELS, POOLED, TOKENS
 
@@ -115,17 +118,18 @@ def report(rep, res: dict[str, dict[str, Any]]) -> None:
             " | ".join(f"{median(res[ch]['step_s']):.2f}" for ch in CHANNELS))
     rep.row("channels", f"spread of the repetitions {' | '.join(CHANNELS)}",
             " | ".join(f"±{spread(res[ch]['step_s']):.0%}" for ch in CHANNELS)
-            + f" of the medians (a ratio needs ≤ ±{STEADY:.0%})")
+            + " of the medians (the steps' own items vary their work)")
     rep.row("channels", "peak RSS " + " | ".join(CHANNELS),
             " | ".join(f"{res[ch]['peak_rss_mib']:.0f}" for ch in CHANNELS) + " MiB")
     rep.notes.append(
         f"channels: {rounds} alternating rounds ({', '.join(CHANNELS)}, {CHANNELS[0]}, …) of a "
-        f"fresh child per channel, {len(base['step_s']) // rounds} timed steps each; a ratio "
-        f"to {POOLED} only where every repetition of both sides lies within ±{STEADY:.0%} of "
-        "its median; peak RSS: the largest of a channel's children")
+        f"fresh child per channel, {len(base['step_s']) // rounds} timed steps each, the same "
+        f"items in every child; a ratio to {POOLED}: the median of the same steps' ratios, "
+        f"only where each lies within ±{STEADY:.0%} of it; peak RSS: the largest of a "
+        "channel's children")
     for ch in CHANNELS[1:]:
         metric = f"{ch} step ÷ pooled step"
-        ratio, why = steady_ratio(res[ch]["step_s"], base["step_s"])
+        ratio, why = paired_ratio(res[ch]["step_s"], base["step_s"])
         if ratio is None:  # a noisy side: no ratio, so no PASS/MISS either
             rep.skip("channels", metric, why)
         elif ch == TOKENS:

@@ -94,6 +94,22 @@ def steady_ratio(num: list[float], den: list[float], steady: float = STEADY
     return median(num) / median(den), why
 
 
+def paired_ratio(num: list[float], den: list[float], steady: float = STEADY
+                 ) -> tuple[float | None, str]:
+    """The median of ``num[i] / den[i]``, for repetitions that pair up: the same step of the
+    same round, on the same items, run side by side. The work of a step varies with its items
+    and falls on both sides alike, so only the pairs' ratios must lie within ``steady`` of
+    their median; None, with the text saying why, when they do not."""
+    if len(num) != len(den) or not num or min(den) <= 0:
+        return None, "the repetitions do not pair up"
+    ratios = [a / b for a, b in zip(num, den, strict=True)]
+    why = (f"{len(ratios)} paired repetitions, their ratios within ±{spread(ratios):.0%} of "
+           f"the median (limit ±{steady:.0%})")
+    if not spread(ratios) <= steady:
+        return None, f"the machine was too noisy: {why}"
+    return median(ratios), why
+
+
 def si(x: float, unit: str = "") -> str:
     """1.23e11 → '123 G' + unit (three significant digits)."""
     if x is None or math.isnan(x):
