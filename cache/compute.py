@@ -123,9 +123,8 @@ def compute_rows(model, tokenizer, items: list[Item], rows: np.ndarray,
 
 def generation_overhead(max_new_tokens: int) -> int:
     """A ``generate`` call's fixed cost in token-equivalents (``length_batches``' overhead): a
-    forward call per new token, each costing about what the prefill's one call does. Costed
-    as a single prefill, the batcher cut a chunk's hints into batches of 6–15 rows, and each
-    paid the decode loop's per-step cost on its own."""
+    forward call per new token, each costing about what the prefill's one call does, so the
+    hints run in as few calls as the token budget allows."""
     return BATCH_OVERHEAD_TOKENS * (1 + max_new_tokens)
 
 

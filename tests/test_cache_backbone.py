@@ -61,8 +61,8 @@ def test_length_batches_splits_an_outlier_from_its_neighbours():
 
 def test_hints_are_generated_in_as_few_calls_as_the_token_budget_allows(monkeypatch):
     """A generate call runs a forward per new token, so the hints' batches are costed with that
-    overhead: every batch but the last fills the token budget, and each item's answer is the
-    one it gets generated alone."""
+    overhead: where the token budget has room for every item, one call, and each item's answer
+    is the one it gets generated alone."""
     import musketeers.cache.compute as compute
 
     spec = next(s for s in tiny_specs() if s.name == "tiny-llama")

@@ -164,11 +164,12 @@ def bench_hints(model: torch.nn.Module, tok: Any, items: list[Item], device: str
     )
     from musketeers.cache.precompute import PrecomputeConfig
 
-    budget = PrecomputeConfig().batch_tokens
-    seqs, _ = prompt_seqs(tok, items, context_length(model, PrecomputeConfig().max_length))
+    cfg = PrecomputeConfig()
+    seqs, _ = prompt_seqs(tok, items, context_length(model, cfg.max_length))
     lengths = [len(q) for q in seqs]
-    cuts = {"generation": length_batches(lengths, budget, generation_overhead(HINT_TOKENS)),
-            "prefill": length_batches(lengths, budget)}
+    cuts = {"generation": length_batches(lengths, cfg.batch_tokens,
+                                         generation_overhead(HINT_TOKENS)),
+            "prefill": length_batches(lengths, cfg.batch_tokens)}
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
     def answers(cut: str) -> Callable[[], None]:

@@ -103,9 +103,10 @@ def paired_ratio(num: list[float], den: list[float], steady: float = STEADY
     if len(num) != len(den) or not num or min(den) <= 0:
         return None, "the repetitions do not pair up"
     ratios = [a / b for a, b in zip(num, den, strict=True)]
-    why = (f"{len(ratios)} paired repetitions, their ratios within ±{spread(ratios):.0%} of "
-           f"the median (limit ±{steady:.0%})")
-    if not spread(ratios) <= steady:
+    apart = spread(ratios)
+    why = (f"{len(ratios)} paired repetitions, their ratios within ±{apart:.0%} of the median "
+           f"(limit ±{steady:.0%})")
+    if not apart <= steady:
         return None, f"the machine was too noisy: {why}"
     return median(ratios), why
 

@@ -15,15 +15,14 @@ import numpy as np
 from musketeers.cache.tokens import POOLED
 from musketeers.config import DEFAULT_TOKEN_LAYER
 from musketeers.reports.aggregate import Run, mean_std, spearman_reward_entropy
-from musketeers.reports.keys import select
+from musketeers.reports.keys import channel_fields, select
 from musketeers.reports.tables import DEFAULT_POOLING, DEFAULT_TEAM, ROUTING_CONTROL
 from musketeers.reports.verdicts import NO_CONTROL, claim_line, seeds_text, two_se_clause
 from musketeers.tasks.variants import task_title
 
 PAPER_SPEARMAN = -0.48
-# the paper's channel as a cell names it (keys.channel_fields): the pooled vectors
-PAPER_CHANNEL: dict[str, Any] = {"pooling": DEFAULT_POOLING, "channel": POOLED,
-                                 "token_layer": None}
+# the paper's channel as a cell names it: the pooled vectors
+PAPER_CHANNEL: dict[str, Any] = channel_fields({"pooling": DEFAULT_POOLING})
 # the routing's change over training, per run (aggregate.Run): (claim, Run attribute, the sign
 # of "holds", how to say the two means). Signed, with four decimals: at the pocket budget the
 # changes are thousandths of a nat, and "fell by -0.001" would read as a fall.
