@@ -13,7 +13,6 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -47,34 +46,28 @@ class PhasePeaks:
         if now > self.peaks.get(self.label, 0.0):
             self.peaks[self.label] = now
 
+    @contextmanager
+    def _phase(self, name: str) -> Iterator[None]:
+        self.note()
+        self.label = name
+        try:
+            yield
+        finally:
+            self.note()
+            self.label = "between"
+
     def __enter__(self) -> PhasePeaks:
-        from musketeers.runtime import step_profile
+        from musketeers.runtime.step_profile import observing
 
-        original = step_profile.PhaseClock.phase
-        peaks = self
-
-        @contextmanager
-        def phase(clock: Any, name: str) -> Iterator[None]:
-            peaks.note()
-            peaks.label = name
-            try:
-                with original(clock, name):
-                    yield
-            finally:
-                peaks.note()
-                peaks.label = "between"
-
-        self._original = original
-        step_profile.PhaseClock.phase = phase  # type: ignore[method-assign]
+        self._observing = observing(self._phase)
+        self._observing.__enter__()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from musketeers.runtime import step_profile
-
         self._stop.set()
         self._thread.join()
-        step_profile.PhaseClock.phase = self._original  # type: ignore[method-assign]
+        self._observing.__exit__(None, None, None)
 
 
 def main(argv: list[str] | None = None) -> None:

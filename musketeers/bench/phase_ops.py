@@ -11,8 +11,6 @@ children's). A phase's time not spent in any operation is Python between them, l
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 MARK = "musketeers.phase:"  # the profiler range of each phase
@@ -20,7 +18,8 @@ PYTHON = "(python)"
 
 
 class PhaseOps:
-    """Within the ``with`` block, every phase is profiled; ``by_phase`` then holds, per phase,
+    """Within the ``with`` block, every phase is profiled (a range of its own, by
+    ``step_profile.observing``); ``by_phase`` then holds, per phase,
     its seconds and each operation's own seconds."""
 
     def __init__(self) -> None:
@@ -29,26 +28,17 @@ class PhaseOps:
     def __enter__(self) -> PhaseOps:
         import torch
 
-        from musketeers.runtime import step_profile
+        from musketeers.runtime.step_profile import observing
 
-        original = step_profile.PhaseClock.phase
-
-        @contextmanager
-        def phase(clock: Any, name: str) -> Iterator[None]:
-            with torch.profiler.record_function(MARK + name), original(clock, name):
-                yield
-
-        self._original = original
-        step_profile.PhaseClock.phase = phase  # type: ignore[method-assign]
+        self._ranges = observing(lambda name: torch.profiler.record_function(MARK + name))
+        self._ranges.__enter__()
         self._profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
         self._profiler.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from musketeers.runtime import step_profile
-
         self._profiler.__exit__(None, None, None)
-        step_profile.PhaseClock.phase = self._original  # type: ignore[method-assign]
+        self._ranges.__exit__(None, None, None)
         self.by_phase = phase_ops(self._profiler.events())
 
 

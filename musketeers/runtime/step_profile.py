@@ -11,9 +11,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 
 PHASES = ("sample", "reference", "forward", "backward", "optimizer")
+Observer = Callable[[str], AbstractContextManager[object]]
+_observers: list[Observer] = []
+
+
+@contextmanager
+def observing(observer: Observer) -> Iterator[None]:
+    """Within the block, every phase of every ``PhaseClock`` also runs inside
+    ``observer(phase)``, outside its timing: how the bench marks profiler ranges
+    (``bench.phase_ops``) and samples memory per phase (``bench.memory``)."""
+    _observers.append(observer)
+    try:
+        yield
+    finally:
+        _observers.remove(observer)
 
 
 class PhaseClock:
@@ -29,13 +43,16 @@ class PhaseClock:
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        self.sync()
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
+        with ExitStack() as observed:
+            for observer in list(_observers):
+                observed.enter_context(observer(name))
             self.sync()
-            self.seconds[name] += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.sync()
+                self.seconds[name] += time.perf_counter() - t0
 
 
 def decode_batches(prompts: list[int], limit: int) -> list[list[int]]:
