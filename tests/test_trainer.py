@@ -16,6 +16,7 @@ from musketeers.method import methods
 from musketeers.run import checkpoint as ckpt
 from musketeers.run.build import build_components
 from musketeers.run.trainer import NonFiniteError, train
+from musketeers.runtime.machine import cpu_model
 from musketeers.tasks import extract_answer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -204,7 +205,9 @@ def test_eval_writes_accuracy_with_and_without_context(planted_store, tmp_path):
 
     run = tmp_path / "run"
     # bf16 (not the planted default float32), so a recorded dtype that ignored the config shows
-    train(small("perceiver", planted_store, run, steps=2, dtype="bfloat16"))
+    # threads other than this process's, so a recorded count that ignored the run shows
+    threads = 1 if torch.get_num_threads() != 1 else 2
+    train(small("perceiver", planted_store, run, steps=2, dtype="bfloat16", threads=threads))
     with_c = evaluate(run, limit=8)
     without = evaluate(run, limit=8, no_context=True)
     assert with_c["n"] == without["n"] == 8 and with_c["context"] and not without["context"]
@@ -219,8 +222,12 @@ def test_eval_writes_accuracy_with_and_without_context(planted_store, tmp_path):
     assert all(r["answer"] == extract_answer(r["completion"]) and r["gold"] for r in rows)
     assert with_c["answered"] == sum(r["answer"] is not None for r in rows) / 8
     # the dtype each half ran in, as resolved there (config.yaml keeps the name asked for)
-    trained = json.loads((run / "inputs.json").read_text())["dtype"]
-    assert with_c["dtype"] == trained == "bfloat16"
+    inputs = json.loads((run / "inputs.json").read_text())
+    assert with_c["dtype"] == inputs["dtype"] == "bfloat16"
+    # and the machine each half ran on: a grid's runs come from several CPUs and thread counts
+    assert inputs["machine"]["threads"] == threads != torch.get_num_threads()
+    assert with_c["machine"]["threads"] == torch.get_num_threads()
+    assert inputs["machine"]["cpu"] == with_c["machine"]["cpu"] == cpu_model()
     # cut off = ran to max_new_tokens without an end-of-turn token
     assert with_c["truncated"] == sum(not r["ended"] for r in rows) / 8
     assert all(r["ended"] or r["tokens"] == read_run_config(run).max_new_tokens for r in rows)

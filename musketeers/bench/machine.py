@@ -18,23 +18,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
+
+from musketeers.runtime.machine import cpu_flags, cpu_model, physical_cores
 
 log = logging.getLogger("musketeers.bench")
 
 RESULT_TAG = "BENCH_RESULT "
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 PACKAGES = ("torch", "transformers", "peft", "trl", "zarr", "accelerate")
-
-
-def physical_cores() -> int:
-    try:
-        import psutil
-
-        return psutil.cpu_count(logical=False) or os.cpu_count() or 1
-    except ImportError:
-        return os.cpu_count() or 1
 
 
 def set_threads() -> int:
@@ -44,25 +36,6 @@ def set_threads() -> int:
     n = physical_cores()
     torch.set_num_threads(n)
     return n
-
-
-def cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return set(line.split(":", 1)[-1].split())
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def versions() -> dict[str, str]:

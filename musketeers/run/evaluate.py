@@ -41,6 +41,7 @@ from musketeers.run import runfolder
 from musketeers.run.build import PolicyFactory, build_components
 from musketeers.run.runlog import by_source, eval_files
 from musketeers.runtime.distributed import World
+from musketeers.runtime.machine import cpu_facts
 from musketeers.tasks import extract_answer
 
 
@@ -103,6 +104,7 @@ def _evaluate(cfg, method: Method, run_dir: Path, world: World, again: str, *, l
         "extraction": cfg.extraction,
         "checkpoint": last.name,
         "dtype": dtype_name(policy.dtype),  # as resolved on the machine that evaluated
+        "machine": cpu_facts(),  # which may not be the one that trained
         "limit": limit or cfg.eval_limit,  # the size asked: a grid publishes only its own
     }
     write_eval(run_dir, result, samples, no_context, again)

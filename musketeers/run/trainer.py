@@ -59,6 +59,7 @@ from musketeers.run.launch import launched, torch_threads  # noqa: F401  (torch_
 from musketeers.run.runlog import log_tb, tensorboard
 from musketeers.run.step_metrics import merge_parts, metrics_row, step_parts
 from musketeers.runtime.distributed import World, check_world  # noqa: F401  (check_world: API)
+from musketeers.runtime.machine import cpu_facts
 from musketeers.runtime.step_profile import PhaseClock, decode_batches, step_work
 
 log = logging.getLogger("musketeers.train")
@@ -199,12 +200,12 @@ def train(cfg: TrainConfig, *, resume: bool = False, policy_factory: PolicyFacto
                     (run / "warmup.jsonl").write_text("".join(json.dumps(r) + "\n" for r in warm))
         if lead:
             with runfolder.disk_errors(run):  # a full disk is the one-line error, as elsewhere
-                # the dtype and device as resolved here: config.yaml keeps `auto`, which means
-                # bf16 on one CPU and fp32 on another
+                # the dtype and device as resolved here (config.yaml keeps `auto`, which means
+                # bf16 on one CPU and fp32 on another), and the machine: a grid spans several
                 (run / "inputs.json").write_text(json.dumps(
                     {"rows": len(data), "constant_experts": data.constant_experts(),
                      "dtype": dtype_name(policy.dtype), "device": str(policy.device),
-                     "ranks": world.world}))
+                     "ranks": world.world, "machine": cpu_facts()}))
         writer = tensorboard(run) if lead else None
         end = cfg.steps if stop_after is None else min(cfg.steps, stop_after)
         bar_cm = (progress(f"train {run.name}", total=max(end - start, 0), unit="steps") if lead
