@@ -371,6 +371,28 @@ def test_report_says_which_dtype_each_half_ran_in(tmp_path: Path):
         "not recorded ×3" in line
 
 
+def test_report_says_which_machine_each_half_ran_on(tmp_path: Path):
+    """A grid's runs are trained on whatever machine a night lends: the report counts the CPU,
+    its native bf16 and the threads of each run's training and evaluation, and says nothing
+    where no run recorded them (a published grid's report rebuilds as it was)."""
+    from musketeers.reports.report import _machines
+
+    grid = load_grid(small_grid(tmp_path))
+    runs_dir = tmp_path / "runs"
+    run_grid(grid, runs_dir, partial(fake_train, steps=3), fake_evaluate, IDENTITY)
+    assert _machines(agg.load_runs(runs_dir)) == []
+    xeon = {"cpu": "Xeon", "avx512_bf16": True, "amx_bf16": True, "threads": 2}
+    epyc = {"cpu": "EPYC", "avx512_bf16": False, "amx_bf16": False, "threads": 1}
+    for i, name in enumerate(g.name for g in grid.runs[:3]):  # two on the Xeon, one on the EPYC
+        (runs_dir / name / "inputs.json").write_text(json.dumps({"machine": [xeon, xeon, epyc][i]}))
+        path = runs_dir / name / "eval.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "machine": epyc}))
+    (line,) = _machines(agg.load_runs(runs_dir))
+    assert line == ("- Machines (runs): training EPYC (no native bf16; 1 threads) ×1; "
+                    "Xeon (avx512_bf16, AMX; 2 threads) ×2; not recorded ×3; "
+                    "evaluation EPYC (no native bf16; 1 threads) ×3; not recorded ×3")
+
+
 def test_report_states_learning_rates_of_the_runs_that_use_them(tmp_path: Path):
     """The adapter's learning rate is read from the runs that have an adapter: Single's
     config carries the field too, unused, and must not show up beside it."""

@@ -8,6 +8,7 @@ import platform
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from musketeers.cache.untrusted import printable
 from musketeers.design.gridspec import Grid
@@ -64,6 +65,26 @@ def _computed_in(runs: list[Run]) -> list[str]:
             f"evaluation {count(scored)}; asked for in the configs: {asked}"]
 
 
+def _machines(runs: list[Run]) -> list[str]:
+    """Which CPU each half ran on, with its native bf16 and threads (inputs.json, eval.json,
+    where recorded): a grid's runs are trained on whatever machine a night lends."""
+    def name(m: dict[str, Any] | None) -> str:
+        if not m:
+            return "not recorded"
+        isa = [f for f, key in (("avx512_bf16", "avx512_bf16"), ("AMX", "amx_bf16")) if m.get(key)]
+        return (f"{m.get('cpu')} ({', '.join(isa) or 'no native bf16'}; "
+                f"{m.get('threads')} threads)")
+
+    def count(found: list[dict[str, Any] | None]) -> str:
+        n = Counter(name(m) for m in found)
+        return "; ".join(f"{m} ×{k}" for m, k in sorted(n.items())) or "—"
+    trained = [(r.inputs or {}).get("machine") for r in runs if r.summary is not None]
+    scored = [(r.eval or {}).get("machine") for r in runs if r.eval is not None]
+    if not any(trained + scored):
+        return []
+    return [f"- Machines (runs): training {count(trained)}; evaluation {count(scored)}"]
+
+
 # the lines a report's runner adds on what its runs cost in wall time (the analysis reads no
 # ledger itself); given the runs the report found
 WallTime = Callable[[list[Run]], list[str]]
@@ -111,6 +132,7 @@ def _what_was_run(grid: Grid, runs: list[Run], wall_time: WallTime | None) -> li
         f"{values('warmup_steps')}",
         *_supervised_warmup(cfgs),
         *_computed_in(runs),
+        *_machines(runs),
         f"- Seeds: {values('seed')}; training steps per run: "
         f"{', '.join(map(str, steps)) or '—'}",
         f"- Total training wall time (sum over runs): {wall:.0f} s ({wall / 3600:.2f} h)",
