@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from musketeers.runtime.machine import cpu_flags, cpu_model, physical_cores
+from musketeers.runtime.machine import cpu_facts, physical_cores
 
 log = logging.getLogger("musketeers.bench")
 
@@ -49,19 +49,12 @@ def versions() -> dict[str, str]:
 
 
 def machine_info() -> dict[str, Any]:
+    """A run's CPU facts (``runtime.machine.cpu_facts``), with what a benchmark adds: logical
+    CPUs, memory and the GPU."""
     import torch
 
-    flags = cpu_flags()
-    info: dict[str, Any] = {
-        "cpu": cpu_model(),
-        "physical_cores": physical_cores(),
-        "logical_cpus": os.cpu_count(),
-        "avx512_bf16": "avx512_bf16" in flags,
-        "amx_bf16": "amx_bf16" in flags,
-        "memory_gib": _mem_gib(),
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU",
-    }
-    return info
+    return {**cpu_facts(), "logical_cpus": os.cpu_count(), "memory_gib": _mem_gib(),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"}
 
 
 def _mem_gib() -> float | None:
