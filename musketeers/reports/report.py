@@ -50,14 +50,20 @@ def machine() -> str:
     return ", ".join(parts)
 
 
+def _halves(runs: list[Run], key: str) -> tuple[list[Any], list[Any]]:
+    """``key`` as each trained run recorded it (inputs.json) and as each evaluated run did
+    (eval.json), None where absent: the two halves of a run may run on different machines."""
+    return ([(r.inputs or {}).get(key) for r in runs if r.summary is not None],
+            [(r.eval or {}).get(key) for r in runs if r.eval is not None])
+
+
 def _computed_in(runs: list[Run]) -> list[str]:
     """The dtype each half ran in, as resolved on its machine (inputs.json, eval.json): a
     config's `auto` is bf16 on one CPU and fp32 on another, so the config alone cannot say."""
     def count(dtypes: list[str | None]) -> str:
         n = Counter(d or "not recorded" for d in dtypes)
         return ", ".join(f"{d} ×{k}" for d, k in sorted(n.items())) or "—"
-    trained = [(r.inputs or {}).get("dtype") for r in runs if r.summary is not None]
-    scored = [(r.eval or {}).get("dtype") for r in runs if r.eval is not None]
+    trained, scored = _halves(runs, "dtype")
     if not trained and not scored:
         return []
     asked = ", ".join(sorted({str(r.config.get("dtype", "auto")) for r in runs}))
@@ -71,15 +77,15 @@ def _machines(runs: list[Run]) -> list[str]:
     def name(m: dict[str, Any] | None) -> str:
         if not m:
             return "not recorded"
-        isa = [f for f, key in (("avx512_bf16", "avx512_bf16"), ("AMX", "amx_bf16")) if m.get(key)]
+        isa = [label for label, key in (("avx512_bf16", "avx512_bf16"), ("AMX", "amx_bf16"))
+               if m.get(key)]
         return (f"{m.get('cpu')} ({', '.join(isa) or 'no native bf16'}; "
                 f"{m.get('threads')} threads)")
 
     def count(found: list[dict[str, Any] | None]) -> str:
         n = Counter(name(m) for m in found)
         return "; ".join(f"{m} ×{k}" for m, k in sorted(n.items())) or "—"
-    trained = [(r.inputs or {}).get("machine") for r in runs if r.summary is not None]
-    scored = [(r.eval or {}).get("machine") for r in runs if r.eval is not None]
+    trained, scored = _halves(runs, "machine")
     if not any(trained + scored):
         return []
     return [f"- Machines (runs): training {count(trained)}; evaluation {count(scored)}"]
