@@ -64,6 +64,7 @@ def ablate(
     """Precompute what is missing, run every unfinished run of the grid, evaluate, report.
     Exits 1 when any run failed (its error.txt says why; the next invocation retries it)."""
     from musketeers.design.gridspec import load_grid
+    from musketeers.grid.expert_scores import publish_expert_scores
     from musketeers.grid.ledger import ledger_path
     from musketeers.grid.needs import ensure_cache
     from musketeers.grid.pack import opened, pack_of
@@ -117,6 +118,7 @@ def ablate(
             admit(task, allow_unadmitted_reward)
     if precompute_only:
         ensure_cache(g, g.precompute, gsm8k_dir=gsm8k_dir, ledger=ledger_path(runs_dir, g.name))
+        publish_expert_scores(g, runs_dir, published)
         typer.echo(f"stores ready for the {len(g.runs)} runs of grid {g.name}")
         return
     if not report_only:
@@ -126,6 +128,7 @@ def ablate(
                        "invocations' published results); the grid goes on from there")
         ledger = ledger_path(runs_dir, g.name)
         ensure_cache(g, g.precompute, gsm8k_dir=gsm8k_dir, ledger=ledger)
+        publish_expert_scores(g, runs_dir, published)  # the report's headroom after training
 
         def publish(run, run_dir: Path) -> None:  # each run as it ends: the machine may not
             publish_finished(g, run_dir, runs_dir, published)

@@ -31,6 +31,7 @@ from musketeers.reports.tables import (
     table2_markdown,
     tasks_of,
 )
+from musketeers.reports.trained_headroom import headroom_markdown, read_scores
 from musketeers.reports.verdict_table import verdict_markdown, verdict_rows
 from musketeers.tasks.variants import task_title
 
@@ -57,12 +58,16 @@ def _halves(runs: list[Run], key: str) -> tuple[list[Any], list[Any]]:
             [(r.eval or {}).get(key) for r in runs if r.eval is not None])
 
 
+def _tally(labels: list[str], sep: str) -> str:
+    """Each distinct label with how many runs carry it ("fp32 ×3, bf16 ×1"), or "—"."""
+    return sep.join(f"{label} ×{k}" for label, k in sorted(Counter(labels).items())) or "—"
+
+
 def _computed_in(runs: list[Run]) -> list[str]:
     """The dtype each half ran in, as resolved on its machine (inputs.json, eval.json): a
     config's `auto` is bf16 on one CPU and fp32 on another, so the config alone cannot say."""
     def count(dtypes: list[str | None]) -> str:
-        n = Counter(d or "not recorded" for d in dtypes)
-        return ", ".join(f"{d} ×{k}" for d, k in sorted(n.items())) or "—"
+        return _tally([d or "not recorded" for d in dtypes], ", ")
     trained, scored = _halves(runs, "dtype")
     if not trained and not scored:
         return []
@@ -83,8 +88,7 @@ def _machines(runs: list[Run]) -> list[str]:
                 f"{m.get('threads')} threads)")
 
     def count(found: list[dict[str, Any] | None]) -> str:
-        n = Counter(name(m) for m in found)
-        return "; ".join(f"{m} ×{k}" for m, k in sorted(n.items())) or "—"
+        return _tally([name(m) for m in found], "; ")
     trained, scored = _halves(runs, "machine")
     if not any(trained + scored):
         return []
@@ -273,7 +277,9 @@ def write_report(grid: Grid, runs_dir: Path, reports_dir: Path,
           f"{METRIC_TEXT['score']}; {PAPER_METRIC}. ± is the sample standard deviation "
           "(ddof = 1) over seeds.", "", *_old_evals(runs),
           "## Table 1", "", t1["exact"], "## Exact by source dataset", "",
-          *by_source_markdown(runs, latents), "## Table 2", "", t2["exact"],
+          *by_source_markdown(runs, latents),
+          *headroom_markdown(runs, read_scores(Path(runs_dir), grid.name), latents),
+          "## Table 2", "", t2["exact"],
           "## Tables 1 and 2 by score", "", t1["score"], t2["score"], "## Figures", ""]
     captions = {"figure4": "Figure 4 — utilisation, routing entropy and reward over training",
                 "figure5": "Figure 5 — reward with vs. without C",
