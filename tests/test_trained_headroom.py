@@ -56,3 +56,25 @@ def test_the_grid_publishes_each_experts_scores_beside_its_runs(tmp_path: Path, 
     before = pack_of(published).stat().st_mtime_ns
     expert_scores.publish_expert_scores(grid, runs, published)
     assert pack_of(published).stat().st_mtime_ns == before
+
+
+def test_ablate_publishes_the_scores_once_the_stores_are_ready(tmp_path: Path, monkeypatch,
+                                                               capsys):
+    """The command a user runs (here `--precompute-only`) leaves the scores in both places."""
+    from test_shard import run_cli
+
+    cache = tmp_path / "stores"
+    build_store(cache, scores=[0.0, 1.0, 1.0])
+    grid = tmp_path / "g.yaml"
+    grid.write_text(json.dumps({
+        "budget": "smoke", "name": "g", "seeds": [0],
+        "defaults": {"roster": "tiny", "policy": "tiny", "steps": 1, "eval_limit": 3},
+        "runs": [{"task": TASK, "method": "output_collab", "experts": [EXPERT]}]}))
+    code, _, err = run_cli(monkeypatch, capsys, "ablate", "--grid", str(grid), "--precompute-only",
+                           "--cache-dir", str(cache), "--runs-dir", str(tmp_path / "runs"),
+                           "--reports-dir", str(tmp_path / "reports"))
+    assert code == 0, err
+    expected = [0.0, 1.0, 1.0]
+    assert list(read_scores(tmp_path / "runs", "g")[TASK][EXPERT].values()) == expected
+    with opened(tmp_path / "reports" / "g" / "runs") as folder:
+        assert list(read_scores(folder, "g")[TASK][EXPERT].values()) == expected
