@@ -32,7 +32,12 @@ def test_headroom_pairs_each_runs_completions_with_the_experts_scores(tmp_path: 
     graded(write_run(tmp_path, "s1", 0.25, seed=1, **SINGLE), [True, False, False, False])
     lines = headroom_markdown(agg.load_runs(tmp_path), {"arithmetic": {"e": expert}})
     # seed 0: the expert is right on q2 alone where the policy is wrong (1/4); seed 1: q1, q2
-    assert "| Single | e | 2 | 4 | 37.5 (25.0–50.0) | 50.0 | 37.5 (25.0–50.0) |" in lines, lines
+    # where the expert is right (q1, q2), seed 0 gets q1 and seed 1 neither
+    assert ("| Single | e | 2 | 4 | 37.5 (25.0–50.0) | 50.0 | 37.5 (25.0–50.0) | "
+            "25.0 (0.0–50.0) |") in lines, lines
+    never = headroom_markdown(agg.load_runs(tmp_path), {"arithmetic": {"e": dict.fromkeys(
+        expert, 0.0)}})  # an expert right on no item: nothing to take up
+    assert "| Single | e | 2 | 4 | 37.5 (25.0–50.0) | 0.0 | 0.0 | — |" in never, never
     assert lines[0] == "## Headroom left after training"
     # scores of other items than the run graded say nothing about it: no section
     assert headroom_markdown(agg.load_runs(tmp_path), {"arithmetic": {"e": {"q9": 1.0}}}) == []
@@ -78,3 +83,17 @@ def test_ablate_publishes_the_scores_once_the_stores_are_ready(tmp_path: Path, m
     assert list(read_scores(tmp_path / "runs", "g")[TASK][EXPERT].values()) == expected
     with opened(tmp_path / "reports" / "g" / "runs") as folder:
         assert list(read_scores(folder, "g")[TASK][EXPERT].values()) == expected
+
+
+def test_each_cell_has_its_row_labelled_by_what_tells_the_cells_apart(tmp_path: Path):
+    """Channel and team cells outside Table 1 have rows too, named by the fields that vary."""
+    ours = {**KEY, "channel": "answer"}
+    graded(write_run(tmp_path, "single", 0.25, seed=0, **SINGLE), [True, False, False, False])
+    graded(write_run(tmp_path, "team", 0.5, seed=0, **ours), [True, True, False, False])
+    graded(write_run(tmp_path, "oracle", 0.75, seed=0, **{**ours, "team": "oracle"}),
+           [True, True, True, False])
+    lines = headroom_markdown(agg.load_runs(tmp_path),
+                              {"arithmetic": {"e": dict.fromkeys(["q0", "q1", "q2", "q3"], 1.0)}})
+    rows = {line.split(" | ")[0].lstrip("| ") for line in lines if line.endswith(" |")} - {
+        "Method", "|---"}
+    assert rows == {"Single", "Ours, team default", "Ours, team oracle"}, rows

@@ -278,7 +278,7 @@ def write_report(grid: Grid, runs_dir: Path, reports_dir: Path,
           "(ddof = 1) over seeds.", "", *_old_evals(runs),
           "## Table 1", "", t1["exact"], "## Exact by source dataset", "",
           *by_source_markdown(runs, latents),
-          *headroom_markdown(runs, read_scores(Path(runs_dir), grid.name), latents),
+          *headroom_markdown(runs, read_scores(Path(runs_dir), grid.name)),
           "## Table 2", "", t2["exact"],
           "## Tables 1 and 2 by score", "", t1["score"], t2["score"], "## Figures", ""]
     captions = {"figure4": "Figure 4 — utilisation, routing entropy and reward over training",

@@ -12,13 +12,14 @@ tasks headroom``) chose the task; this says whether the policy closed it by itse
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 
 from musketeers.reports.aggregate import Run
 from musketeers.reports.headroom import headroom
-from musketeers.reports.tables import DEFAULT_LATENTS, table1_cells, tasks_of
+from musketeers.reports.tables import tasks_of
 from musketeers.run.runlog import eval_files
 from musketeers.tasks.variants import task_title
 
@@ -39,10 +40,14 @@ def read_scores(folder: Path, grid_name: str) -> Scores:
         return {}
 
 
-def run_headroom(run: Run, expert: dict[str, float]) -> tuple[int, float, float, float] | None:
-    """(items, policy exact %, expert exact %, headroom %) over the run's graded validation
-    items: headroom is the share where the expert's answer scores 1 and the policy's does
-    not. None when the run kept no completions or an item has no expert score."""
+def run_headroom(run: Run, expert: dict[str, float]
+                 ) -> tuple[int, float, float, float, float] | None:
+    """(items, policy exact %, expert exact %, headroom %, policy exact % on the items the
+    expert answers right) over the run's graded validation items: headroom is the share where
+    the expert's answer scores 1 and the policy's does not. The last is where a method that
+    reads the expert should gain over its controls, if what it reads is the expert's answer
+    (NaN when the expert is right on none). None when the run kept no completions or an item
+    has no expert score."""
     try:
         text = (run.path / eval_files(True)[1]).read_text("utf-8")
         rows = [json.loads(line) for line in text.splitlines() if line]
@@ -52,43 +57,71 @@ def run_headroom(run: Run, expert: dict[str, float]) -> tuple[int, float, float,
         return None
     policy = [float(r.get("score") or 0.0) >= 1.0 for r in rows]
     right = [expert[str(r["id"])] >= 1.0 for r in rows]
+    taken = [p for p, e in zip(policy, right, strict=True) if e]
     return (len(rows), 100.0 * float(np.mean(policy)), 100.0 * float(np.mean(right)),
-            100.0 * headroom(policy, right))
+            100.0 * headroom(policy, right),
+            100.0 * float(np.mean(taken)) if taken else math.nan)
 
 
 def _spread(values: list[float]) -> str:
-    """Mean over seeds, with the seeds' range where they differ."""
+    """Mean over seeds, with the seeds' range where they differ ("—": no seed has one)."""
+    values = [v for v in values if not math.isnan(v)]
+    if not values:
+        return "—"
     if min(values) == max(values):
         return f"{values[0]:.1f}"
     return f"{np.mean(values):.1f} ({min(values):.1f}–{max(values):.1f})"
 
 
-def headroom_markdown(runs: list[Run], scores: Scores,
-                      latents: int = DEFAULT_LATENTS) -> list[str]:
-    """The report's section: one table per task with published expert scores, for each Table 1
-    row and expert the policy's exact, the expert's exact on the same items and the headroom,
-    mean over seeds (each run read against the scores of the task variant it ran); no section
-    where no expert score matches a graded run (a grid without hints)."""
+# the group fields a row's label names where the task's runs set them to more than one value
+# (the method always)
+LABEL_FIELDS = ("team", "channel", "pooling", "token_layer", "latents")
+
+
+def _rows(runs: list[Run], task: str) -> dict[str, list[Run]]:
+    """The task's graded runs by cell (every group field but the seed), each labelled by its
+    method and the fields that tell the task's cells apart: any channel, team or pooling, not
+    only Table 1's."""
+    graded = [r for r in runs if r.key["task"] == task and r.exact is not None]
+    varying = [f for f in LABEL_FIELDS
+               if len({str(r.key[f]) for r in graded if r.key.get(f) is not None}) > 1]
+    out: dict[str, list[Run]] = {}
+    for r in sorted(graded, key=lambda r: r.name):
+        spec = r.spec
+        parts = [f"{f} {r.key[f]}" for f in varying if r.key.get(f) is not None]
+        label = ", ".join([spec.label if spec else str(r.key["method"]), *parts])
+        out.setdefault(label, []).append(r)
+    return out
+
+
+def headroom_markdown(runs: list[Run], scores: Scores) -> list[str]:
+    """The report's section: one table per task with published expert scores, for each cell
+    and expert the policy's exact, the expert's exact on the same items, the headroom and the
+    policy's exact where the expert is right, mean over seeds (each run read against the
+    scores of the task variant it ran); no section where no expert score matches a graded run
+    (a grid without hints)."""
     out: list[str] = []
     for task in tasks_of(runs):
         lines = []
-        for row, cells in table1_cells(runs, latents, tasks=(task,)):
-            graded = cells[task].graded
+        for label, graded in _rows(runs, task).items():
             names = dict.fromkeys(e for r in graded for e in scores.get(_variant(r), {}))
             for name in names:
                 found = [h for r in graded
                          if (h := run_headroom(r, scores.get(_variant(r), {}).get(name, {})))]
                 if found:
-                    n, policy, right, room = (list(col) for col in zip(*found, strict=True))
-                    lines.append(f"| {row.label} | {name} | {len(found)} | {int(np.mean(n))} | "
-                                 f"{_spread(policy)} | {_spread(right)} | {_spread(room)} |")
+                    n, *shares = (list(col) for col in zip(*found, strict=True))
+                    lines.append(f"| {label} | {name} | {len(found)} | {int(np.mean(n))} | "
+                                 + " | ".join(_spread(v) for v in shares) + " |")
         if lines:
             out += [f"**{task_title(task)}**: on each run's graded validation items, the share "
                     "(%) its policy answers right, the share the expert's own greedy answer "
-                    "does, and the headroom: the expert right where the policy is wrong. Mean "
-                    "over seeds (range).", "",
+                    "does, the headroom (the expert right where the policy is wrong), and the "
+                    "policy's exact on the items the expert answers right: a method that reads "
+                    "the expert's answer gains there over its controls. Mean over seeds "
+                    "(range); descriptive, not a test.", "",
                     "| Method | Expert | Seeds | Items | Policy exact | Expert exact | "
-                    "Headroom |", "|---|---|---:|---:|---:|---:|---:|", *lines, ""]
+                    "Headroom | Policy exact where the expert is right |",
+                    "|---|---|---:|---:|---:|---:|---:|---:|", *lines, ""]
     return ["## Headroom left after training", "", *out] if out else []
 
 
