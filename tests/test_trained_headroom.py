@@ -61,6 +61,16 @@ def test_the_grid_publishes_each_experts_scores_beside_its_runs(tmp_path: Path, 
     before = pack_of(published).stat().st_mtime_ns
     expert_scores.publish_expert_scores(grid, runs, published)
     assert pack_of(published).stat().st_mtime_ns == before
+    # a shard's worker whose runs read another expert adds its scores and drops none
+    other = TaskNeed(TASK, str(cache), "pocket", hint_experts={"absent": None})
+    monkeypatch.setattr(expert_scores, "grid_needs", lambda grid: [other])
+    monkeypatch.setattr(expert_scores, "read_hint_scores", lambda *a: [[0.0, 1.0, 1.0]])
+    expert_scores.publish_expert_scores(grid, tmp_path / "other", published)
+    with opened(published) as folder:
+        both = read_scores(folder, "g")[TASK]
+    assert set(both) == {EXPERT, "absent"} and both["absent"] == dict(
+        zip(ids, [0.0, 1.0, 1.0], strict=True))
+    assert read_scores(tmp_path / "other", "g")[TASK] == both
 
 
 def test_ablate_publishes_the_scores_once_the_stores_are_ready(tmp_path: Path, monkeypatch,

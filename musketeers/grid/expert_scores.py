@@ -38,25 +38,41 @@ def expert_scores(grid: Grid) -> Scores:
 
 
 def publish_expert_scores(grid: Grid, runs_dir: Path, published: Path) -> Path | None:
-    """Write the grid's expert scores into ``runs_dir`` and the pack of ``published``; returns
-    the local file, or None when no expert of the grid has hints."""
+    """Merge the grid's expert scores into ``runs_dir`` and the pack of ``published``; returns
+    the local file, or None when no expert of the grid has hints. Merged, never replaced: a
+    shard's worker (or a machine whose stores lack an expert) knows only some of the experts,
+    and what another worker published stays."""
     scores = expert_scores(grid)
     if not scores:
         return None
-    text = json.dumps(scores, sort_keys=True) + "\n"
+    with opened(published) as folder:
+        before = _read(scores_file(folder, grid.name))
+    text = _dumps(_merge(before, scores))
+    if _dumps(before) != text:
+        with editing(published) as folder:  # re-read under the pack's lock: a worker may
+            path = scores_file(folder, grid.name)  # have published since
+            text = _dumps(_merge(_read(path), scores))
+            path.write_text(text)
     local = scores_file(runs_dir, grid.name)
     local.parent.mkdir(parents=True, exist_ok=True)
     local.write_text(text)
-    with opened(published) as folder:
-        if _text(scores_file(folder, grid.name)) == text:
-            return local  # already published: a rewritten pack would be a needless change
-    with editing(published) as folder:
-        scores_file(folder, grid.name).write_text(text)
     return local
 
 
-def _text(path: Path) -> str | None:
+def _merge(old: Scores, new: Scores) -> Scores:
+    """``old`` with every (task, expert) of ``new`` put in its place."""
+    out = {task: dict(experts) for task, experts in old.items()}
+    for task, experts in new.items():
+        out.setdefault(task, {}).update(experts)
+    return out
+
+
+def _dumps(scores: Scores) -> str:
+    return json.dumps(scores, sort_keys=True) + "\n"
+
+
+def _read(path: Path) -> Scores:
     try:
-        return path.read_text("utf-8")
-    except OSError:
-        return None
+        return json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError):
+        return {}

@@ -14,6 +14,7 @@ import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -110,17 +111,27 @@ class Run:
             share = self._tagged_from_samples()
         return None if share is None else 100.0 * float(share)
 
+    @cached_property
+    def samples(self) -> list[dict[str, Any]] | None:
+        """The kept greedy validation completions (``eval_samples.jsonl``), read once for every
+        table that counts from them; None when the run kept none or the file does not parse."""
+        try:
+            text = (self.path / eval_files(True)[1]).read_text("utf-8")
+            rows = [json.loads(line) for line in text.splitlines() if line]
+        except (OSError, ValueError, UnicodeDecodeError):
+            return None
+        return rows if all(isinstance(r, dict) for r in rows) else None
+
     def _tagged_from_samples(self) -> float | None:
         """The share of greedy completions with an ``<answer>…</answer>`` pair, read from the
         kept completions (evaluations before ``tagged`` was counted)."""
         from musketeers.tasks.scoring import extract_answer
 
-        path = self.path / eval_files(True)[1]
+        rows = self.samples
         try:
-            rows = [json.loads(line) for line in path.read_text("utf-8").splitlines()]
             return sum(extract_answer(r.get("completion"), "strict") is not None
                        for r in rows) / len(rows) if rows else None
-        except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+        except (AttributeError, TypeError):
             return None
 
     def by_source(self) -> dict[str, dict[str, float | int]] | None:
@@ -130,11 +141,10 @@ class Run:
             return None
         if "by_source" in self.eval:
             return self.eval["by_source"]
+        rows = self.samples
         try:
-            text = (self.path / eval_files(True)[1]).read_text("utf-8")
-            rows = [json.loads(line) for line in text.splitlines()]
             return by_source(rows) if rows else None
-        except (OSError, ValueError, UnicodeDecodeError, KeyError, TypeError):
+        except (KeyError, TypeError):
             return None
 
     @property

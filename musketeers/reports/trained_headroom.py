@@ -20,7 +20,6 @@ import numpy as np
 from musketeers.reports.aggregate import Run
 from musketeers.reports.headroom import headroom
 from musketeers.reports.tables import tasks_of
-from musketeers.run.runlog import eval_files
 from musketeers.tasks.variants import task_title
 
 Scores = dict[str, dict[str, dict[str, float]]]  # task -> expert -> item id -> score
@@ -48,11 +47,7 @@ def run_headroom(run: Run, expert: dict[str, float]
     reads the expert should gain over its controls, if what it reads is the expert's answer
     (NaN when the expert is right on none). None when the run kept no completions or an item
     has no expert score."""
-    try:
-        text = (run.path / eval_files(True)[1]).read_text("utf-8")
-        rows = [json.loads(line) for line in text.splitlines() if line]
-    except (OSError, ValueError):
-        return None
+    rows = run.samples
     if not rows or any(str(r.get("id")) not in expert for r in rows):
         return None
     policy = [float(r.get("score") or 0.0) >= 1.0 for r in rows]
