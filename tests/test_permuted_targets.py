@@ -106,3 +106,8 @@ def test_c_is_the_only_way_to_score_a_permuted_target(planted_store, tmp_path: P
     assert out["permute_targets"] and [r["n"] for r in out["by_length"]] == [16]
     assert out["exact_own"] >= out["exact_shuffled"] + 30, out
     assert out["exact_own"] >= out["exact_constant"] + 30, out
+    # the teacher-forced readout agrees: own C makes the gold likelier than another item's C
+    # or none, by an interval clear of 0
+    for other in ("shuffled", "none"):
+        assert out[f"val_nll_own_minus_{other}"]["high"] < 0, out
+    assert out["val_nll_own"] < out["val_nll_shuffled"], out

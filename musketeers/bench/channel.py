@@ -25,6 +25,7 @@ import json
 import logging
 import time
 
+import scipy.stats as sps
 import torch
 
 from musketeers.bench import permuted
@@ -33,7 +34,8 @@ from musketeers.method import methods
 from musketeers.method.context import adapter_context
 from musketeers.method.methods import derangement
 from musketeers.method.rollout import policy_score
-from musketeers.method.warmup import warm_up_adapter
+from musketeers.method.warmup import gold_completion, warm_up_adapter
+from musketeers.reports.stats import mde
 from musketeers.run.build import build_components
 
 log = logging.getLogger("musketeers.channel")
@@ -59,6 +61,36 @@ def greedy_exact(cfg, policy, adapter, data, n: int, mode: str) -> list[bool]:
         right += [policy_score(it, policy.decode(c), cfg.extraction) >= 1.0
                   for it, c in zip(items, comps, strict=True)]
     return right
+
+
+def gold_nll_items(cfg, policy, adapter, data, n: int, mode: str) -> list[float]:
+    """Each of the first ``n`` items' NLL (nats) of its whole gold completion, teacher-forced,
+    with C as ``greedy_exact`` builds it. Far more sensitive than exact: C that moves the
+    gold's probability is read, even where the greedy answer does not change yet."""
+    rows = torch.arange(min(n, len(data)))
+    source = derangement(len(rows), 0) if mode == "shuffled" else rows
+    out: list[float] = []
+    for lo in range(0, len(rows), 16):
+        items, _, _ = data.batch(rows[lo:lo + 16])
+        golds = [gold_completion(policy, it.answer or "") for it in items]
+        with torch.no_grad():
+            ctx = None
+            if mode != "none":
+                _, vectors, _ = data.batch(source[lo:lo + 16])
+                ctx, _ = adapter_context(adapter, vectors, None, cfg.device)
+            logp, mask = policy.completion_logprobs(policy.encode_prompts(items), ctx, golds)
+        out += (-(logp * mask).sum(dim=1)).tolist()
+    return out
+
+
+def paired_nll(a: list[float], b: list[float]) -> dict[str, float]:
+    """Mean of a − b (nats an item), paired by item, with its 95 % t interval (n − 1 df) and
+    the smallest difference the items detect with 80 % power."""
+    d = torch.tensor(a, dtype=torch.float64) - torch.tensor(b, dtype=torch.float64)
+    se, df = (d.std() / len(d) ** 0.5).item(), len(d) - 1
+    half = float(sps.t.ppf(0.975, df)) * se
+    return {"diff": d.mean().item(), "low": d.mean().item() - half,
+            "high": d.mean().item() + half, "mde": mde(se, df)}
 
 
 def paired(a: list[bool], b: list[bool]) -> dict[str, float]:
@@ -103,6 +135,11 @@ def measure(cfg, eval_items: int, permute: bool, policy=None) -> tuple[dict, obj
     out |= {f"exact_{m}": 100 * sum(r) / len(r) for m, r in right.items()}
     out |= {f"own_minus_{m}": paired(right["own"], right[m]) for m in ("shuffled", "none")}
     out |= {"constant_answer": const, "by_length": permuted.by_length(graded, right)}
+    nll = {m: gold_nll_items(cfg, policy, adapter, val, eval_items, m)
+           for m in ("own", "shuffled", "none")}
+    out |= {f"val_nll_{m}": sum(v) / len(v) for m, v in nll.items()}
+    out |= {f"val_nll_own_minus_{m}": paired_nll(nll["own"], nll[m])
+            for m in ("shuffled", "none")}
     return out, policy
 
 
