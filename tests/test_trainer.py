@@ -221,6 +221,9 @@ def test_eval_writes_accuracy_with_and_without_context(planted_store, tmp_path):
     assert sum(r["tokens"] for r in rows) / 8 == pytest.approx(with_c["completion_len"])
     assert all(r["answer"] == extract_answer(r["completion"]) and r["gold"] for r in rows)
     assert with_c["answered"] == sum(r["answer"] is not None for r in rows) / 8
+    # each item's gold NLL under its prompt and C, the result's the mean of them
+    assert all(r["gold_nll"] > 0 for r in rows)
+    assert sum(r["gold_nll"] for r in rows) / 8 == pytest.approx(with_c["gold_nll"])
     # the dtype each half ran in, as resolved there (config.yaml keeps the name asked for)
     inputs = json.loads((run / "inputs.json").read_text())
     assert with_c["dtype"] == inputs["dtype"] == "bfloat16"

@@ -34,9 +34,10 @@ from musketeers.method import methods
 from musketeers.method.context import adapter_context
 from musketeers.method.methods import derangement
 from musketeers.method.rollout import policy_score
-from musketeers.method.warmup import gold_completion, warm_up_adapter
+from musketeers.method.warmup import warm_up_adapter
 from musketeers.reports.stats import mde
 from musketeers.run.build import build_components
+from musketeers.run.evaluate import gold_nll_per_item
 
 log = logging.getLogger("musketeers.channel")
 
@@ -64,22 +65,21 @@ def greedy_exact(cfg, policy, adapter, data, n: int, mode: str) -> list[bool]:
 
 
 def gold_nll_items(cfg, policy, adapter, data, n: int, mode: str) -> list[float]:
-    """Each of the first ``n`` items' NLL (nats) of its whole gold completion, teacher-forced,
-    with C as ``greedy_exact`` builds it. Far more sensitive than exact: C that moves the
-    gold's probability is read, even where the greedy answer does not change yet."""
+    """Each of the first ``n`` items' NLL (nats) of its gold completion, teacher-forced
+    (``evaluate.gold_nll_per_item``), with C as ``greedy_exact`` builds it. Far more sensitive
+    than exact: C that moves the gold's probability is read, even where the greedy answer
+    does not change yet."""
     rows = torch.arange(min(n, len(data)))
     source = derangement(len(rows), 0) if mode == "shuffled" else rows
     out: list[float] = []
     for lo in range(0, len(rows), 16):
         items, _, _ = data.batch(rows[lo:lo + 16])
-        golds = [gold_completion(policy, it.answer or "") for it in items]
         with torch.no_grad():
             ctx = None
             if mode != "none":
                 _, vectors, _ = data.batch(source[lo:lo + 16])
                 ctx, _ = adapter_context(adapter, vectors, None, cfg.device)
-            logp, mask = policy.completion_logprobs(policy.encode_prompts(items), ctx, golds)
-        out += (-(logp * mask).sum(dim=1)).tolist()
+            out += gold_nll_per_item(policy, policy.encode_prompts(items), ctx, items)
     return out
 
 

@@ -25,7 +25,7 @@ from musketeers.method import methods
 from musketeers.method.routing import spearman
 from musketeers.reports.keys import group_key, select
 from musketeers.run.runfolder import is_finished
-from musketeers.run.runlog import by_source, eval_files, read_metrics
+from musketeers.run.runlog import by_source, eval_files, read_metrics, read_samples
 from musketeers.run.step_metrics import mean_or_none
 
 METRICS = ("exact", "score")
@@ -113,14 +113,15 @@ class Run:
 
     @cached_property
     def samples(self) -> list[dict[str, Any]] | None:
-        """The kept greedy validation completions (``eval_samples.jsonl``), read once for every
-        table that counts from them; None when the run kept none or the file does not parse."""
-        try:
-            text = (self.path / eval_files(True)[1]).read_text("utf-8")
-            rows = [json.loads(line) for line in text.splitlines() if line]
-        except (OSError, ValueError, UnicodeDecodeError):
-            return None
-        return rows if all(isinstance(r, dict) for r in rows) else None
+        """The kept greedy validation completions with C (``eval_samples.jsonl``), read once
+        for every table that counts from them; None when the run kept none or they do not
+        parse."""
+        return read_samples(self.path / eval_files(True)[1])
+
+    @cached_property
+    def samples_no_context(self) -> list[dict[str, Any]] | None:
+        """The same without C (``eval_no_context_samples.jsonl``), as ``samples``."""
+        return read_samples(self.path / eval_files(False)[1])
 
     def _tagged_from_samples(self) -> float | None:
         """The share of greedy completions with an ``<answer>…</answer>`` pair, read from the

@@ -55,13 +55,14 @@ class ProbeResult:
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95 % Wilson score interval of a proportion k / n."""
+    """95 % Wilson score interval of a proportion k / n (clamped to [0, 1]: at k = 0 or n the
+    bound is exact, and float dust must not print as "-0")."""
     if n == 0:
         return 0.0, 1.0
     p = k / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return centre - half, centre + half
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def _gold_number(item: Item) -> float | None:

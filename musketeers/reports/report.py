@@ -16,6 +16,7 @@ from musketeers.design.prereg import implicit
 from musketeers.method.methods import ignored
 from musketeers.reports.aggregate import METRICS, Run, load_runs
 from musketeers.reports.by_source import by_source_markdown
+from musketeers.reports.c_read import c_read_markdown
 from musketeers.reports.claim_registry import paper_claims
 from musketeers.reports.claims import cell_comparisons, routed
 from musketeers.reports.figures import all_figures
@@ -279,6 +280,7 @@ def write_report(grid: Grid, runs_dir: Path, reports_dir: Path,
           "## Table 1", "", t1["exact"], "## Exact by source dataset", "",
           *by_source_markdown(runs, latents),
           *headroom_markdown(runs, read_scores(Path(runs_dir), grid.name)),
+          *c_read_markdown(runs),
           "## Table 2", "", t2["exact"],
           "## Tables 1 and 2 by score", "", t1["score"], t2["score"], "## Figures", ""]
     captions = {"figure4": "Figure 4 — utilisation, routing entropy and reward over training",

@@ -73,7 +73,7 @@ def _spread(values: list[float]) -> str:
 LABEL_FIELDS = ("team", "channel", "pooling", "token_layer", "latents")
 
 
-def _rows(runs: list[Run], task: str) -> dict[str, list[Run]]:
+def labelled_cells(runs: list[Run], task: str) -> dict[str, list[Run]]:
     """The task's graded runs by cell (every group field but the seed), each labelled by its
     method and the fields that tell the task's cells apart: any channel, team or pooling, not
     only Table 1's."""
@@ -98,7 +98,7 @@ def headroom_markdown(runs: list[Run], scores: Scores) -> list[str]:
     out: list[str] = []
     for task in tasks_of(runs):
         lines = []
-        for label, graded in _rows(runs, task).items():
+        for label, graded in labelled_cells(runs, task).items():
             names = dict.fromkeys(e for r in graded for e in scores.get(_variant(r), {}))
             for name in names:
                 found = [h for r in graded

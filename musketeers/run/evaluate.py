@@ -11,7 +11,9 @@ gold answer, completion, extracted answer, score), so a low score can be read, n
 ``answered`` is the share of completions with an ``<answer>…</answer>`` to grade at all,
 ``truncated`` the share cut off at ``max_new_tokens`` before an end-of-turn token.
 ``by_source`` breaks items, exact and score down by each item's source dataset: a mix's total
-can hide that one dataset carries every gain.
+can hide that one dataset carries every gain. ``gold_nll`` is each item's NLL (nats) of its
+gold completion, teacher-forced under the same prompt and C: a C the policy reads lowers it
+long before a greedy answer flips, so with and without C it says whether C is read at all.
 
 Under ``torchrun`` the ranks take turns at the length batches and rank 0 gathers every
 completion and writes the files: the same batches, so the same completions as one process.
@@ -36,6 +38,7 @@ from musketeers.method import methods
 from musketeers.method.context import adapter_context
 from musketeers.method.methods import Method
 from musketeers.method.rollout import policy_score
+from musketeers.method.warmup import gold_completion
 from musketeers.run import checkpoint as ckpt
 from musketeers.run import runfolder
 from musketeers.run.build import PolicyFactory, build_components
@@ -99,6 +102,7 @@ def _evaluate(cfg, method: Method, run_dir: Path, world: World, again: str, *, l
                       for s in samples) / n,
         "truncated": sum(not s["ended"] for s in samples) / n,
         "by_source": by_source(samples),
+        "gold_nll": sum(s["gold_nll"] for s in samples) / n,
         "context": not no_context and adapter is not None,
         "method": cfg.method,
         "extraction": cfg.extraction,
@@ -124,21 +128,34 @@ def greedy_samples(cfg, data, policy, adapter: torch.nn.Module | None, world: Wo
         for rows in mine:
             items, vectors, router = data.batch(rows)
             context, _ = adapter_context(adapter, vectors, router, cfg.device)
-            comps = policy.generate([prompts[i] for i in rows.tolist()], context, group_size=1,
+            asked = [prompts[i] for i in rows.tolist()]
+            comps = policy.generate(asked, context, group_size=1,
                                     max_new_tokens=cfg.max_new_tokens, greedy=True)
-            for i, it, c in zip(rows.tolist(), items, comps, strict=True):
+            nll = gold_nll_per_item(policy, asked, context, items)
+            for i, it, c, g in zip(rows.tolist(), items, comps, nll, strict=True):
                 text = policy.decode(c)
                 by_sample[i] = {"id": it.id, "source": it.source, "question": it.question,
                                 "gold": it.answer, "completion": text, "tokens": len(c),
                                 "ended": bool(c) and c[-1] in policy.eos_ids,
                                 "answer": extract_answer(text, cfg.extraction),
-                                "score": policy_score(it, text, cfg.extraction)}
+                                "score": policy_score(it, text, cfg.extraction),
+                                "gold_nll": g}
             bar.advance(len(items))
     for part in world.all_gather(by_sample if world.rank else {})[1:]:
         by_sample.update(part)
     if world.rank:
         return []
     return [by_sample[i] for i in range(len(data))]  # the split's order, whatever the batches
+
+
+def gold_nll_per_item(policy, prompts: list[list[int]], context: torch.Tensor | None,
+                      items: list) -> list[float]:
+    """Each item's NLL (nats, summed over its tokens) of the completion its scorer grades as
+    right (``warmup.gold_completion``: the warm-up's objective), teacher-forced under its
+    prompt and C."""
+    golds = [gold_completion(policy, it.answer or "") for it in items]
+    logp, mask = policy.completion_logprobs(prompts, context, golds)
+    return [round(v, 4) for v in (-(logp * mask).sum(dim=1)).tolist()]
 
 
 def write_eval(run_dir: Path, result: dict[str, Any], samples: list[dict[str, Any]],

@@ -45,6 +45,16 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def read_samples(path: Path) -> list[dict[str, Any]] | None:
+    """An evaluation's kept completions (``eval_files``' second), one row each; None when the
+    file is absent or does not parse."""
+    try:
+        rows = [json.loads(line) for line in path.read_text("utf-8").splitlines() if line]
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return rows if all(isinstance(r, dict) for r in rows) else None
+
+
 def truncate_metrics(path: Path, steps_done: int) -> None:
     """Drop rows after the checkpoint a resume starts from (a killed run may have logged them)."""
     rows = [r for r in read_metrics(path) if r["step"] <= steps_done]
