@@ -87,7 +87,7 @@ def _evaluate(cfg, method: Method, run_dir: Path, world: World, again: str, *, l
     if adapter is not None:
         adapter.eval()  # hard routing: argmax instead of Gumbel sampling
     samples = greedy_samples(cfg, data, policy, None if no_context else adapter, world,
-                             batch_size, f"eval {run_dir.name}")
+                             batch_size, f"eval {run_dir.name}", gold_nll=True)
     if world.rank:
         return world.broadcast(None)
     n = max(len(samples), 1)
@@ -116,10 +116,13 @@ def _evaluate(cfg, method: Method, run_dir: Path, world: World, again: str, *, l
 
 
 def greedy_samples(cfg, data, policy, adapter: torch.nn.Module | None, world: World,
-                   batch_size: int, label: str) -> list[dict[str, Any]]:
+                   batch_size: int, label: str, gold_nll: bool = False
+                   ) -> list[dict[str, Any]]:
     """One greedy completion per item of ``data``, with C from ``adapter`` (None: no C), in
-    the split's order: its text, extracted answer and score. Under torchrun the ranks take
-    turns at the length batches; rank 0 gets every sample, the others an empty list."""
+    the split's order: its text, extracted answer and score, and with ``gold_nll`` the
+    gold's NLL (``gold_nll_per_item``: an evaluation's, not a headroom table's). Under
+    torchrun the ranks take turns at the length batches; rank 0 gets every sample, the others
+    an empty list."""
     prompts = policy.encode_prompts(data.items)
     by_sample: dict[int, dict[str, Any]] = {}
     mine = longest_first_batches(prompts, batch_size)[world.rank::world.world]
@@ -131,7 +134,8 @@ def greedy_samples(cfg, data, policy, adapter: torch.nn.Module | None, world: Wo
             asked = [prompts[i] for i in rows.tolist()]
             comps = policy.generate(asked, context, group_size=1,
                                     max_new_tokens=cfg.max_new_tokens, greedy=True)
-            nll = gold_nll_per_item(policy, asked, context, items)
+            nll = (gold_nll_per_item(policy, asked, context, items) if gold_nll
+                   else [None] * len(items))
             for i, it, c, g in zip(rows.tolist(), items, comps, nll, strict=True):
                 text = policy.decode(c)
                 by_sample[i] = {"id": it.id, "source": it.source, "question": it.question,
@@ -139,7 +143,7 @@ def greedy_samples(cfg, data, policy, adapter: torch.nn.Module | None, world: Wo
                                 "ended": bool(c) and c[-1] in policy.eos_ids,
                                 "answer": extract_answer(text, cfg.extraction),
                                 "score": policy_score(it, text, cfg.extraction),
-                                "gold_nll": g}
+                                **({} if g is None else {"gold_nll": g})}
             bar.advance(len(items))
     for part in world.all_gather(by_sample if world.rank else {})[1:]:
         by_sample.update(part)
