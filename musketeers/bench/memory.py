@@ -34,6 +34,7 @@ class PhasePeaks:
         self.label = "load"
         self.peaks: dict[str, float] = {}
         self._stop = threading.Event()
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
@@ -42,9 +43,13 @@ class PhasePeaks:
             self._stop.wait(self.interval_s)
 
     def note(self) -> None:
+        # the label is read before the RSS: read after, a phase that ended meanwhile would hand
+        # its peak to the next one (the sampler and the phases run on two threads)
+        label = self.label
         now = rss_mib()
-        if now > self.peaks.get(self.label, 0.0):
-            self.peaks[self.label] = now
+        with self._lock:
+            if now > self.peaks.get(label, 0.0):
+                self.peaks[label] = now
 
     @contextmanager
     def _phase(self, name: str) -> Iterator[None]:
