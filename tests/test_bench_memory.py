@@ -1,6 +1,6 @@
 """The bench's memory breakdown: each phase's peak RSS, taken inside the phase it names."""
 
-import torch
+import mmap
 
 from musketeers.bench.memory import PhasePeaks, rss_mib
 from musketeers.bench.rounds import merged
@@ -13,9 +13,13 @@ def test_a_phase_that_allocates_peaks_above_the_others():
         with clock.phase("sample"):
             pass
         with clock.phase("forward"):
-            big = torch.ones(64 * 2**20 // 4)  # 64 MiB touched, so resident
+            # 64 MiB of fresh anonymous pages, each written so resident: a tensor could reuse
+            # pages a long test process already holds, and then RSS would not rise
+            big = mmap.mmap(-1, 64 * 2**20)
+            for at in range(0, len(big), mmap.PAGESIZE):
+                big[at] = 1
             peaks.note()
-            del big
+            big.close()
         with clock.phase("backward"):
             pass
     assert set(peaks.peaks) >= {"load", "sample", "forward", "backward"}
