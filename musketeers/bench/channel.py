@@ -25,7 +25,7 @@ import json
 import logging
 import time
 
-import scipy.stats as sps
+import numpy as np
 import torch
 
 from musketeers.bench import permuted
@@ -35,7 +35,7 @@ from musketeers.method.context import adapter_context
 from musketeers.method.methods import derangement
 from musketeers.method.rollout import policy_score
 from musketeers.method.warmup import warm_up_adapter
-from musketeers.reports.stats import mde
+from musketeers.reports.c_read import items_interval
 from musketeers.run.build import build_components
 from musketeers.run.evaluate import gold_nll_per_item
 
@@ -84,13 +84,11 @@ def gold_nll_items(cfg, policy, adapter, data, n: int, mode: str) -> list[float]
 
 
 def paired_nll(a: list[float], b: list[float]) -> dict[str, float]:
-    """Mean of a − b (nats an item), paired by item, with its 95 % t interval (n − 1 df) and
-    the smallest difference the items detect with 80 % power."""
-    d = torch.tensor(a, dtype=torch.float64) - torch.tensor(b, dtype=torch.float64)
-    se, df = (d.std() / len(d) ** 0.5).item(), len(d) - 1
-    half = float(sps.t.ppf(0.975, df)) * se
-    return {"diff": d.mean().item(), "low": d.mean().item() - half,
-            "high": d.mean().item() + half, "mde": mde(se, df)}
+    """Mean of a − b (nats an item), paired by item, with its 95 % t interval over items and
+    MDE (``reports.c_read.items_interval``, on one row)."""
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    low, high, least = items_interval(d[None, :])
+    return {"diff": float(d.mean()), "low": low, "high": high, "mde": least}
 
 
 def paired(a: list[bool], b: list[bool]) -> dict[str, float]:
