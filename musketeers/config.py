@@ -135,6 +135,11 @@ class TrainConfig:
     token_layer: int = opt(DEFAULT_TOKEN_LAYER, cli=True,
                            help="the hidden-state layer a token channel reads "
                                 "(-1: each expert's last, 0: embeddings)")
+    # beyond the paper: the Perceiver's keys are a set; this adds each token's place among its
+    # expert's tokens (musketeers.method.token_positions), so a multi-digit answer keeps its order
+    token_positions: bool = opt(False, cli="--token-positions/--no-token-positions",
+                                help="on a token channel, add to each expert token the Fourier "
+                                     "code of its position (the Perceiver reads a set without)")
     standardize_experts: bool = opt(
         False, cli="--standardize-experts/--no-standardize-experts",
         help="centre and scale each expert dimension by the train split's statistics "
@@ -180,7 +185,7 @@ class TrainConfig:
             return Path(self.run_dir)
         # the paper's channel keeps its old names; another channel is part of the run's name
         read = self.pooling.replace(':', '') if self.channel == "pooled" else (
-            f"{self.channel}{self.token_layer}")
+            f"{self.channel}{self.token_layer}{'-pos' if self.token_positions else ''}")
         name = f"{store_name(self.task)}-{self.team or 'custom'}-{self.method}-{read}-s{self.seed}"
         return Path("runs") / safe_name(name, "run name", "pass plain --team/--method/"
                                         "--pooling values, or --run-dir")

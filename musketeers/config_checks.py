@@ -61,6 +61,7 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.channel != "pooled" and cfg.live_experts:
         raise UserError(f"live experts compute pooled vectors only, not channel "
                         f"'{cfg.channel}'; pass --channel pooled")
+    _check_token_positions(cfg)
     for key in ("steps", "prompts_per_micro", "grad_accum", "group_size", "max_new_tokens",
                 "latents", "d_model", "heads", "inner_iters", "lora_r", "save_every"):
         if getattr(cfg, key) < 1:
@@ -94,6 +95,20 @@ def validate(cfg: TrainConfig) -> None:
         raise UserError(f"config key 'd_model' ({cfg.d_model}) must be a multiple of 'heads' "
                         f"({cfg.heads})")
 
+
+
+def _check_token_positions(cfg: TrainConfig) -> None:
+    """Positions order an expert's tokens for the Perceiver's attention: refused where a token
+    channel's tokens are averaged and they would go unread. (On the pooled channel each expert
+    has one token, at position 0, whose code is 0: the same computation, allowed.)"""
+    from musketeers.method.methods import get
+
+    method = get(cfg.method)
+    if not cfg.token_positions or "token_positions" in method.ignores:
+        return
+    if cfg.channel != "pooled" and not method.attention:
+        raise UserError(f"method {cfg.method} averages each expert's tokens, so positions "
+                        "would go unread; drop --token-positions or use --method perceiver")
 
 
 def _check_warmup_only(cfg: TrainConfig) -> None:

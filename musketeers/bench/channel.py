@@ -122,6 +122,7 @@ def measure(cfg, eval_items: int, permute: bool, policy=None) -> tuple[dict, obj
            "lr": cfg.adapter_warmup_lr, "context_scale": cfg.context_scale,
            "eval_items": eval_items, "standardize": cfg.standardize_experts,
            "pooling": cfg.pooling, "channel": cfg.channel, "token_layer": cfg.token_layer,
+           "token_positions": cfg.token_positions,
            "warmup_policy_lr": cfg.warmup_policy_lr, "permute_targets": permute,
            "nll_first10": sum(nll[:10]) / 10, "nll_last10": sum(nll[-10:]) / 10}
     right = {m: greedy_exact(cfg, policy, adapter, val, eval_items, m)
@@ -157,6 +158,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--channel", default="pooled",
                     help="pooled, tokens or answer (as train's); a comma list runs each")
     ap.add_argument("--token-layer", type=int, default=-1, help="a token channel's layer")
+    ap.add_argument("--token-positions", action="store_true",
+                    help="add each expert token's position code (token_positions)")
     ap.add_argument("--standardize", action="store_true",
                     help="centre and scale the expert vectors first (standardize_experts)")
     ap.add_argument("--dtype", default="auto")
@@ -179,7 +182,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             budget="pocket", extraction="lenient", context_scale=args.context_scale,
             dtype=args.dtype, seed=args.seed, run_dir="runs/channel",
             standardize_experts=args.standardize, pooling=args.pooling, channel=channel,
-            token_layer=args.token_layer, adapter_warmup=args.steps,
+            token_layer=args.token_layer, token_positions=args.token_positions,
+            adapter_warmup=args.steps,
             adapter_warmup_lr=args.lr, adapter_warmup_batch=args.batch,
             warmup_policy_lr=args.warmup_policy_lr,
             **({} if args.max_new_tokens is None else {"max_new_tokens": args.max_new_tokens})))

@@ -28,7 +28,8 @@ from musketeers.method.methods import fixed_steps, ignored
 
 BUDGETS = ("smoke", "pocket", "paper")
 # Order of the fields in a run's name.
-NAME_FIELDS = ("task", "method", "team", "pooling", "channel", "token_layer", "latents")
+NAME_FIELDS = ("task", "method", "team", "pooling", "channel", "token_layer", "token_positions",
+               "latents")
 
 
 @dataclass(frozen=True)
@@ -71,27 +72,28 @@ def grid_file(budget: str) -> Path:
 
 def _unnamed(fields: dict[str, Any]) -> set[str]:
     """The name fields a run's name leaves out although given: the pooled channel and the
-    last layer (the defaults, so a grid from before channels keeps its names); on a token
-    channel the pooling, which it does not read."""
+    last layer (the defaults, so a grid from before channels keeps its names) and positions on
+    the pooled channel (one token, code 0: nothing changes); on a token channel the pooling,
+    which it does not read."""
     channel = fields.get("channel")
     if channel in (None, POOLED):
-        return {"channel", "token_layer"}
+        return {"channel", "token_layer", "token_positions"}
     last = fields.get("token_layer") in (None, DEFAULT_TOKEN_LAYER)
     return {"pooling", "token_layer"} if last else {"pooling"}
 
 
 def run_name(budget: str, fields: dict[str, Any]) -> str:
     """Unique folder name
-    ``<budget>-<task>-<method>[-team][-pooling][-channel][-L<layer>][-mK]-s<seed>``."""
+    ``<budget>-<task>-<method>[-team][-pooling][-channel][-L<layer>][-pos][-mK]-s<seed>``."""
     skip = set(ignored(fields.get("method"))) | _unnamed(fields)
     parts = [budget]
     for key in NAME_FIELDS:
-        if key in skip or fields.get(key) is None:
+        if key in skip or fields.get(key) is None or fields.get(key) is False:
             continue
         value = store_name(str(fields[key])) if key == "task" else fields[key]
         # a task file's path becomes its store's name: no slashes in a run folder's name
         prefix = {"latents": "m", "token_layer": "L"}.get(key, "")
-        value = f"{prefix}{value}".replace(":", "")
+        value = "pos" if key == "token_positions" else f"{prefix}{value}".replace(":", "")
         parts.append(safe_name(value, f"the grid's {key}",
                                f"give {key} a plain value in the grid file"))
     parts.append(safe_name(f"s{fields.get('seed', 0)}", "the grid's seed",

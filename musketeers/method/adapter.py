@@ -7,8 +7,9 @@ from the cache) to context tokens C [B, m, d_policy] that the policy reads throu
 
 With a token channel (``tokens``, ``answer``) an expert gives a set of token states instead
 (``ExpertTokens``: [B, T_i, d_i] and a padding mask). Each token goes through its own expert's
-W_i (Eq. 6: that is its expert identity; no learned identity embedding and no position is added,
-so an expert with one token is exactly the pooled case) and carries its expert's index, the
+W_i (Eq. 6: that is its expert identity; no learned identity embedding is added, and a position
+only with ``positions``, whose code vanishes at the first token, so an expert with one token is
+exactly the pooled case) and carries its expert's index, the
 Perceiver's keys are every real token of every expert (Eq. 10 with a key mask), and A sums the
 attention over each expert's tokens (``routing.expert_attention``), so Eq. 15's H and u_i keep
 their meaning. ``no_cross_attn`` and ``hard_routing`` read one vector per expert: with tokens,
@@ -37,6 +38,7 @@ from torch import nn
 
 from musketeers.method.expert_tokens import ExpertInput, ExpertTokens
 from musketeers.method.routing import expert_attention
+from musketeers.method.token_positions import fourier_code, real_positions
 
 __all__ = ["AdapterOutput", "ExpertAlignment", "ExpertInput", "ExpertTokens", "FFN",
            "HardRoutingAdapter", "NoCrossAttnAdapter", "OutputProjection", "PerceiverAdapter",
@@ -98,7 +100,8 @@ class OutputProjection(nn.Linear):
 class ExpertAlignment(nn.Module):
     """Eq. 6–7: z_i = h_i W_i with W_i: d_i → d per expert, stacked into V = (z_1, …, z_n)."""
 
-    def __init__(self, expert_dims: list[int], d: int, standardize: bool = False):
+    def __init__(self, expert_dims: list[int], d: int, standardize: bool = False,
+                 positions: bool = False):
         super().__init__()
         if not expert_dims:
             raise ValueError("the adapter needs at least one expert")
@@ -113,6 +116,9 @@ class ExpertAlignment(nn.Module):
             for i, d_i in enumerate(expert_dims):
                 self.register_buffer(f"mean_{i}", torch.zeros(d_i))
                 self.register_buffer(f"std_{i}", torch.ones(d_i))
+        # a token's place among its expert's tokens (``token_positions``): the Perceiver's keys
+        # are otherwise a set, and a multi-digit answer's digits an unordered bag
+        self.positions = positions
 
     def fit_standardizer(self, vectors: list[torch.Tensor]) -> None:
         """Per-dimension mean and std of each expert's vectors [N, d_i] (the train split)."""
@@ -145,12 +151,16 @@ class ExpertAlignment(nn.Module):
         """Eq. 6–7 over every token: each expert's tokens through its own W_i, concatenated
         along the token axis → (V [B, T, d], key mask [B, T] or None when every slot is real,
         expert [T]: the expert each slot belongs to). Pooled inputs are one token each, so
-        this is Eq. 7's V = (z_1, …, z_n) with T = n."""
+        this is Eq. 7's V = (z_1, …, z_n) with T = n. With ``positions`` each token's z also
+        carries the Fourier code of its index among its expert's real tokens."""
         inputs = self._checked(inputs)
         zs, masks, owner = [], [], []
         for i, x in enumerate(inputs):
             if isinstance(x, ExpertTokens):
-                zs.append(self.project(i, x.states))
+                z = self.project(i, x.states)
+                if self.positions:
+                    z = z + fourier_code(real_positions(x.mask), z.shape[-1]).to(z.dtype)
+                zs.append(z)
                 masks.append(x.mask)
             else:
                 zs.append(self.project(i, x).unsqueeze(1))
@@ -226,13 +236,14 @@ class PerceiverAdapter(nn.Module):
         out_init_std: float = 1e-8,
         target_rms: float | None = None,
         standardize: bool = False,
+        positions: bool = False,
     ):
         super().__init__()
         if d_model % heads:
             raise ValueError(f"d_model={d_model} is not divisible by heads={heads}")
         self.heads = heads
         self.n_context = latents
-        self.align = ExpertAlignment(expert_dims, d_model, standardize)
+        self.align = ExpertAlignment(expert_dims, d_model, standardize, positions)
         # Eq. 8. Unit-variance init (as in the reference Perceiver code): the queries start
         # distinct and Q = Q_lat W_Q is not so small that attention is stuck uniform.
         self.latents = nn.Parameter(torch.randn(latents, d_model))

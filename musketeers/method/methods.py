@@ -144,7 +144,7 @@ def names() -> tuple[str, ...]:
 def build_adapter(method: str | Method, expert_dims: list[int], d_policy: int, *, latents: int = 8,
                   d_model: int = 512, heads: int = 8, router_dim: int = 384,
                   out_init_std: float = 1e-8, target_rms: float | None = None,
-                  standardize: bool = False) -> nn.Module | None:
+                  standardize: bool = False, positions: bool = False) -> nn.Module | None:
     """The adapter g_φ of ``method``; None for the methods without context tokens.
     ``target_rms``: each context token's rms (``context_scale: embedding``), else Eq. 11's."""
     factory = (method if isinstance(method, Method) else get(method)).adapter
@@ -153,7 +153,7 @@ def build_adapter(method: str | Method, expert_dims: list[int], d_policy: int, *
     return factory(expert_dims, d_policy, dict(latents=latents, d_model=d_model, heads=heads,
                                                router_dim=router_dim, out_init_std=out_init_std,
                                                target_rms=target_rms,
-                                               standardize=standardize))
+                                               standardize=standardize, positions=positions))
 
 
 class ZeroContext(nn.Module):
@@ -176,7 +176,8 @@ class ZeroContext(nn.Module):
 def _perceiver(dims: list[int], d_policy: int, o: dict[str, Any]) -> nn.Module:
     return PerceiverAdapter(dims, d_policy, latents=o["latents"], d_model=o["d_model"],
                             heads=o["heads"], out_init_std=o["out_init_std"],
-                            target_rms=o["target_rms"], standardize=o["standardize"])
+                            target_rms=o["target_rms"], standardize=o["standardize"],
+                            positions=o["positions"])
 
 
 def _no_cross_attn(dims: list[int], d_policy: int, o: dict[str, Any]) -> nn.Module:
@@ -200,8 +201,9 @@ def _zero_context(dims: list[int], d_policy: int, o: dict[str, Any]) -> nn.Modul
 # read by every adapter that reads the experts: the Perceiver attends over every token (Eq. 10
 # with a key mask), no_cross_attn and hard_routing read each expert's masked token mean; C = 0
 # (zero_context) and the methods without φ compute the same on any channel.
-_NO_C = ("pooling", "channel", "token_layer", "latents", "context_position", "d_model", "heads",
-         "adapter_lr", "context_scale", "standardize_experts", "adapter_warmup_lr")
+_NO_C = ("pooling", "channel", "token_layer", "token_positions", "latents", "context_position",
+         "d_model", "heads", "adapter_lr", "context_scale", "standardize_experts",
+         "adapter_warmup_lr")
 _NO_WARMUP = ("adapter_warmup", "adapter_warmup_batch", "warmup_policy_lr")
 _VECTORS = frozenset({"vectors"})
 

@@ -14,19 +14,23 @@ from musketeers.config import DEFAULT_TOKEN_LAYER
 from musketeers.method.methods import ignored
 from musketeers.tasks.variants import task_family
 
-GROUP_FIELDS = ("task", "method", "team", "pooling", "channel", "token_layer", "latents")
+GROUP_FIELDS = ("task", "method", "team", "pooling", "channel", "token_layer", "token_positions",
+                "latents")
 
 
 def channel_fields(config: dict[str, Any]) -> dict[str, Any]:
-    """``pooling``, ``channel`` and ``token_layer`` as a cell names them. The pooling names
-    only the pooled channel's vectors, and the token layer only a token channel's states; the
-    one a run did not read is None, so that two runs reading the same thing share a cell."""
+    """``pooling``, ``channel``, ``token_layer`` and ``token_positions`` as a cell names them.
+    The pooling names only the pooled channel's vectors, the token layer and positions only a
+    token channel's states; what a run did not read is None, so that two runs reading the
+    same thing share a cell (a run from before positions had none)."""
     channel = config.get("channel") or POOLED
     if channel == POOLED:
-        return {"pooling": config.get("pooling"), "channel": POOLED, "token_layer": None}
+        return {"pooling": config.get("pooling"), "channel": POOLED, "token_layer": None,
+                "token_positions": None}
     layer = config.get("token_layer")
     return {"pooling": None, "channel": channel,
-            "token_layer": DEFAULT_TOKEN_LAYER if layer is None else layer}
+            "token_layer": DEFAULT_TOKEN_LAYER if layer is None else layer,
+            "token_positions": bool(config.get("token_positions"))}
 
 
 def group_key(config: dict[str, Any]) -> dict[str, Any]:

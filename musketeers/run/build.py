@@ -104,7 +104,8 @@ def build_components(cfg: TrainConfig, split: str, *, method: Method, limit: int
         adapter = build_adapter(method, dims, policy.embed_dim,
                                 latents=cfg.latents, d_model=cfg.d_model, heads=cfg.heads,
                                 router_dim=router_dim, target_rms=target,
-                                standardize=cfg.standardize_experts)
+                                standardize=cfg.standardize_experts,
+                                positions=cfg.token_positions)
     except (MemoryError, RuntimeError) as exc:
         if not isinstance(exc, MemoryError) and "allocate" not in str(exc):
             raise
