@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from scipy import stats
 
-from musketeers.bench.channel import measure
+from musketeers.bench.channel import against, measure
 from musketeers.bench.permuted import (
     answer_length,
     by_length,
@@ -111,3 +112,28 @@ def test_c_is_the_only_way_to_score_a_permuted_target(planted_store, tmp_path: P
     for other in ("shuffled", "none"):
         assert out[f"val_nll_own_minus_{other}"]["high"] < 0, out
     assert out["val_nll_own"] < out["val_nll_shuffled"], out
+    # the same run paired with itself (--against its own --save) differs by nothing
+    same = against(out, out)
+    assert same["exact_own"]["diff"] == 0 and same["nll_own"]["diff"] == 0
+    assert same["exact_own"]["n"] == len(out["per_item"]["question"]) == 16
+    assert same["exact_own_2plus_digits"] is None  # the planted targets are one token
+
+
+def test_against_pairs_two_configurations_item_by_item():
+    def run(exact: list[bool], nll: list[float], questions=("a", "b", "c", "d")) -> dict:
+        return {"per_item": {"question": list(questions), "length": [1, 2, 3, 2],
+                             "exact_own": exact, "nll_own": nll}}
+
+    now = run([True, True, False, True], [1.0, 2.0, 3.0, 4.0])
+    then = run([True, False, False, False], [2.0, 2.5, 3.0, 6.0])
+    out = against(now, then)
+    d = np.array([0, 100, 0, 100.0])
+    half = stats.t.ppf(0.975, 3) * d.std(ddof=1) / 2
+    assert out["exact_own"]["diff"] == pytest.approx(50.0)
+    assert out["exact_own"]["low"] == pytest.approx(50.0 - half)
+    # 2+ digit targets are items 1, 2 and 3: +100, 0, +100
+    assert out["exact_own_2plus_digits"]["n"] == 3
+    assert out["exact_own_2plus_digits"]["diff"] == pytest.approx(200 / 3)
+    assert out["nll_own"]["diff"] == pytest.approx(-0.875)
+    with pytest.raises(ValueError, match="other items"):
+        against(now, run([True] * 4, [1.0] * 4, questions=("a", "b", "x", "d")))

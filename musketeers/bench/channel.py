@@ -16,6 +16,8 @@ beats both, the channel carries item information and what RL lacks is signal, no
 (``musketeers.bench.permuted``): reading C is then the only way to score, and the answers are
 reported by the target's length, beside the constant answer. ``--channel`` takes a comma
 list (``pooled,tokens,answer``): one fresh adapter per channel, one policy for all.
+``--save`` keeps the results per item; ``--against`` pairs a run with such a file item by
+item (two configurations, e.g. with and without ``--token-positions``, on the same items).
 """
 
 from __future__ import annotations
@@ -139,7 +141,35 @@ def measure(cfg, eval_items: int, permute: bool, policy=None) -> tuple[dict, obj
     out |= {f"val_nll_{m}": sum(v) / len(v) for m, v in nll.items()}
     out |= {f"val_nll_own_minus_{m}": paired_nll(nll["own"], nll[m])
             for m in ("shuffled", "none")}
+    # kept per item, so that another configuration's run can be paired with this one
+    out["per_item"] = {"question": [it.question for it in graded],
+                       "length": [permuted.answer_length(it.answer or "") for it in graded],
+                       "exact_own": right["own"], "nll_own": nll["own"][:len(graded)]}
     return out, policy
+
+
+def against(now: dict, then: dict) -> dict[str, object]:
+    """This run's own-C results minus a saved run's (``--against``), paired by item: exact
+    in points (all targets, and targets of 2+ digits) and the gold's NLL, each with its 95 %
+    t interval over items and MDE. The two must have graded the same items in the same
+    order (same task, store, seed and ``--eval-items``), else ValueError."""
+    a, b = now["per_item"], then["per_item"]
+    if a["question"] != b["question"]:
+        raise ValueError("the saved run graded other items; rerun it with the same --task, "
+                         "--cache-dir, --seed and --eval-items")
+
+    def diff(x: list, y: list) -> dict[str, float] | None:
+        if len(x) < 2:  # no interval (e.g. no target of 2+ digits)
+            return None
+        d = 100 * (np.asarray(x, dtype=float) - np.asarray(y, dtype=float))
+        low, high, least = items_interval(d[None, :])
+        return {"n": len(d), "diff": float(d.mean()), "low": low, "high": high, "mde": least}
+
+    long = [i for i, k in enumerate(a["length"]) if k >= 2]
+    return {"exact_own": diff(a["exact_own"], b["exact_own"]),
+            "exact_own_2plus_digits": diff([a["exact_own"][i] for i in long],
+                                           [b["exact_own"][i] for i in long]),
+            "nll_own": paired_nll(a["nll_own"], b["nll_own"])}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -172,7 +202,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--permute-targets", action="store_true",
                     help="ask each item another item's question, keep its answer and states: "
                          "C is the only way to score (musketeers.bench.permuted)")
+    ap.add_argument("--save", default=None, help="write the results (per item too) as JSON")
+    ap.add_argument("--against", default=None,
+                    help="a --save file of another configuration on the same items: print "
+                         "this run's own-C exact and gold NLL minus its, paired by item")
     args = ap.parse_args(argv)
+    then = json.loads(open(args.against, encoding="utf-8").read()) if args.against else None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     team = ({"experts": args.experts.split(",")} if args.experts else {"team": args.team})
     results, policy = [], None
@@ -188,8 +223,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
             warmup_policy_lr=args.warmup_policy_lr,
             **({} if args.max_new_tokens is None else {"max_new_tokens": args.max_new_tokens})))
         out, policy = measure(cfg, args.eval_items, args.permute_targets, policy)
-        print(json.dumps(out))
+        if then is not None:  # the saved run of the same channel
+            out["against"] = against(out, next(r for r in then if r["channel"] == channel))
+        print(json.dumps({k: v for k, v in out.items() if k != "per_item"}))
         results.append(out)
+    if args.save:
+        with open(args.save, "w", encoding="utf-8") as f:
+            json.dump(results, f)
     if args.permute_targets:
         conditions = ["own", "shuffled", "none", "constant"]
         for out in results:
