@@ -4,6 +4,7 @@ against that target, reported by its length."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -137,3 +138,16 @@ def test_against_pairs_two_configurations_item_by_item():
     assert out["nll_own"]["diff"] == pytest.approx(-0.875)
     with pytest.raises(ValueError, match="other items"):
         against(now, run([True] * 4, [1.0] * 4, questions=("a", "b", "x", "d")))
+
+
+def test_a_bad_against_file_is_refused_before_any_training(tmp_path: Path, capsys):
+    from musketeers.bench.channel import main
+
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps([{"channel": "pooled", "per_item": {}}]))
+    for path, said in ((other, "holds no channel answer"),
+                       (tmp_path / "absent.json", "is not a --save file")):
+        with pytest.raises(SystemExit) as exc:
+            main(["--channel", "answer", "--against", str(path), "--cache-dir",
+                  str(tmp_path / "no-store")])
+        assert exc.value.code == 2 and said in capsys.readouterr().err

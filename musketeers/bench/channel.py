@@ -207,7 +207,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="a --save file of another configuration on the same items: print "
                          "this run's own-C exact and gold NLL minus its, paired by item")
     args = ap.parse_args(argv)
-    then = json.loads(open(args.against, encoding="utf-8").read()) if args.against else None
+    saved = {}
+    if args.against:  # checked before any training: a bad file must not cost the run
+        try:
+            saved = {r["channel"]: r for r in json.loads(open(args.against, encoding="utf-8")
+                                                         .read()) if "per_item" in r}
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            ap.error(f"--against {args.against} is not a --save file ({exc}); rerun the other "
+                     "configuration with --save")
+        if missing := [c for c in args.channel.split(",") if c not in saved]:
+            ap.error(f"--against {args.against} holds no channel {', '.join(missing)}; pass "
+                     "the --save file of a run on the same channels")
+    unpaired = []
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     team = ({"experts": args.experts.split(",")} if args.experts else {"team": args.team})
     results, policy = [], None
@@ -223,8 +234,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
             warmup_policy_lr=args.warmup_policy_lr,
             **({} if args.max_new_tokens is None else {"max_new_tokens": args.max_new_tokens})))
         out, policy = measure(cfg, args.eval_items, args.permute_targets, policy)
-        if then is not None:  # the saved run of the same channel
-            out["against"] = against(out, next(r for r in then if r["channel"] == channel))
+        if saved:  # the saved run of the same channel; a mismatch is said, the run kept
+            try:
+                out["against"] = against(out, saved[channel])
+            except ValueError as exc:
+                unpaired.append(f"--against, channel {channel}: {exc}")
         print(json.dumps({k: v for k, v in out.items() if k != "per_item"}))
         results.append(out)
     if args.save:
@@ -235,6 +249,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for out in results:
             print("\n".join(["", *permuted.length_table(out["channel"], out["by_length"],
                                                         conditions)]))
+    if unpaired:
+        raise SystemExit("; ".join(unpaired))
     return results
 
 
