@@ -18,7 +18,9 @@ from musketeers.bench.permuted import (
     by_length,
     constant_answer,
     length_table,
+    permute_share,
     permute_targets,
+    share_permutation,
     target_permutation,
 )
 from musketeers.cache.items import Item
@@ -38,6 +40,45 @@ def test_the_target_permutation_is_fixed_seeded_and_a_derangement():
         assert sorted(sigma) == list(range(n))
         assert all(j != i for i, j in enumerate(sigma)), n  # no row keeps its question
     assert target_permutation(128, 1) != target_permutation(128, 0)
+
+
+@pytest.mark.parametrize("share", [0.0, 0.25, 0.5, 1.0])
+def test_a_share_of_rows_is_deranged_among_itself_and_the_rest_keep_their_question(share):
+    n = 40
+    sigma = share_permutation(n, 0, share)
+    assert sigma == share_permutation(n, 0, share)  # fixed per (n, seed, share)
+    assert sorted(sigma) == list(range(n))
+    moved = [i for i, j in enumerate(sigma) if j != i]
+    assert len(moved) == round(share * n)  # exactly the share, and no moved row keeps its own
+    assert sorted(sigma[i] for i in moved) == moved  # moved rows trade questions among themselves
+    if share == 1.0:
+        assert sigma == target_permutation(n, 0)  # the whole split: the full experiment
+    with pytest.raises(ValueError, match="in \\[0, 1\\]"):
+        share_permutation(n, 0, 1.5)
+
+
+def test_a_partial_permutation_moves_only_questions(planted_store, tmp_path: Path):
+    cfg = planted_config("perceiver", 0, 1, planted_store, tmp_path / "r")
+    method = methods.get(cfg.method)
+    data = load_split(cfg, "train", expert_names_for(cfg, method), method=method)
+    sigma = share_permutation(len(data), cfg.seed, 0.5)
+    mixed = permute_share(data, cfg.seed, 0.5)
+    assert [it.question for it in mixed.items] == [data.items[j].question for j in sigma]
+    assert [it.answer for it in mixed.items] == [it.answer for it in data.items]
+    assert [it.entry for it in mixed.items] == [it.entry for it in data.items]
+    kept = sum(a.question == b.question for a, b in zip(mixed.items, data.items, strict=True))
+    assert 0 < kept < len(data)
+
+
+def test_a_bad_permute_share_is_refused_before_any_training(tmp_path: Path, capsys):
+    from musketeers.bench.channel import main
+
+    for args, said in ((["--permute-share", "2"], "give one in [0, 1]"),
+                       (["--permute-share", "0.5", "--permute-targets"],
+                        "drop --permute-share")):
+        with pytest.raises(SystemExit) as exc:
+            main([*args, "--cache-dir", str(tmp_path / "no-store")])
+        assert exc.value.code == 2 and said in capsys.readouterr().err
 
 
 def decode_oracle(vectors: torch.Tensor) -> list[str]:

@@ -14,7 +14,8 @@ beats both, the channel carries item information and what RL lacks is signal, no
 
 ``--permute-targets`` asks each item another item's question and keeps its answer and states
 (``musketeers.bench.permuted``): reading C is then the only way to score, and the answers are
-reported by the target's length, beside the constant answer. ``--channel`` takes a comma
+reported by the target's length, beside the constant answer. ``--permute-share F`` does so for
+a share F of the train rows only, and grades the real validation task. ``--channel`` takes a comma
 list (``pooled,tokens,answer``): one fresh adapter per channel, one policy for all.
 ``--save`` keeps the results per item; ``--against`` pairs a run with such a file item by
 item (two configurations, e.g. with and without ``--token-positions``, on the same items).
@@ -99,11 +100,13 @@ def paired(a: list[bool], b: list[bool]) -> dict[str, float]:
     return {"diff": 100 * d.mean().item(), "se": 100 * (d.std() / len(d) ** 0.5).item()}
 
 
-def measure(cfg, eval_items: int, permute: bool, policy=None) -> tuple[dict, object]:
+def measure(cfg, eval_items: int, permute: bool, policy=None, permute_share: float = 0.0
+            ) -> tuple[dict, object]:
     """Warm up a fresh adapter on ``cfg``'s channel, then grade greedy answers on the first
     ``eval_items`` validation items with C from their own states, another item's and none.
     ``permute``: every split asks each row another row's question (``permuted``); the
-    answers are also reported by the target's length, beside the constant answer. Returns
+    answers are also reported by the target's length, beside the constant answer.
+    ``permute_share``: that share of the train rows only, the validation split real. Returns
     the results and the policy, which the next channel reuses."""
     reuse = policy is not None and cfg.warmup_policy_lr == 0  # a fitted LoRA is not reused
     method = methods.get(cfg.method)
@@ -114,6 +117,8 @@ def measure(cfg, eval_items: int, permute: bool, policy=None) -> tuple[dict, obj
     if permute:
         train, val = permuted.permute_targets(train, cfg.seed), permuted.permute_targets(
             val, cfg.seed)
+    elif permute_share:
+        train = permuted.permute_share(train, cfg.seed, permute_share)
     t0 = time.perf_counter()
     rows = warm_up_adapter(cfg, policy, adapter, train)
     nll = [r["gold_nll"] for r in rows]
@@ -126,6 +131,7 @@ def measure(cfg, eval_items: int, permute: bool, policy=None) -> tuple[dict, obj
            "pooling": cfg.pooling, "channel": cfg.channel, "token_layer": cfg.token_layer,
            "token_positions": cfg.token_positions,
            "warmup_policy_lr": cfg.warmup_policy_lr, "permute_targets": permute,
+           "permute_share": permute_share,
            "nll_first10": sum(nll[:10]) / 10, "nll_last10": sum(nll[-10:]) / 10}
     right = {m: greedy_exact(cfg, policy, adapter, val, eval_items, m)
              for m in ("own", "shuffled", "none")}
@@ -202,11 +208,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--permute-targets", action="store_true",
                     help="ask each item another item's question, keep its answer and states: "
                          "C is the only way to score (musketeers.bench.permuted)")
+    ap.add_argument("--permute-share", type=float, default=0.0,
+                    help="permute a share (0-1) of the train rows only (permute_share), grade "
+                         "the real validation task: does C read there stay read here?")
     ap.add_argument("--save", default=None, help="write the results (per item too) as JSON")
     ap.add_argument("--against", default=None,
                     help="a --save file of another configuration on the same items: print "
                          "this run's own-C exact and gold NLL minus its, paired by item")
     args = ap.parse_args(argv)
+    if not 0.0 <= args.permute_share <= 1.0:
+        ap.error(f"--permute-share {args.permute_share} is a share of rows; give one in [0, 1]")
+    if args.permute_share and args.permute_targets:
+        ap.error("--permute-targets already permutes every row; drop --permute-share")
     saved = {}
     if args.against:  # checked before any training: a bad file must not cost the run
         try:
@@ -233,7 +246,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             adapter_warmup_lr=args.lr, adapter_warmup_batch=args.batch,
             warmup_policy_lr=args.warmup_policy_lr,
             **({} if args.max_new_tokens is None else {"max_new_tokens": args.max_new_tokens})))
-        out, policy = measure(cfg, args.eval_items, args.permute_targets, policy)
+        out, policy = measure(cfg, args.eval_items, args.permute_targets, policy,
+                              args.permute_share)
         if saved:  # the saved run of the same channel; a mismatch is said, the run kept
             try:
                 out["against"] = against(out, saved[channel])
