@@ -46,6 +46,7 @@ def validate(cfg: TrainConfig) -> None:
     check_task(cfg.task)
     _one_of("method", cfg.method, method_names())
     _check_warmup_only(cfg)
+    _check_permute_share(cfg)
     if not (cfg.pooling in POOLINGS or (cfg.pooling.startswith("layer:")
                                         and cfg.pooling[6:].isdigit())):
         raise UserError(f"unknown pooling '{cfg.pooling}'; valid: {', '.join(POOLINGS)}, layer:K")
@@ -121,6 +122,15 @@ def _check_warmup_only(cfg: TrainConfig) -> None:
                                                  and cfg.warmup_policy_lr > 0):
         raise UserError(f"method {cfg.method} measures the supervised warm-up alone; give it "
                         "one: --adapter-warmup N (> 0) and --warmup-policy-lr LR (> 0)")
+
+
+def _check_permute_share(cfg: TrainConfig) -> None:
+    """The warm-up's permuted share is a share of rows (read only by a warm-up, as the
+    warm-up's other fields are)."""
+    share = cfg.warmup_permute_share
+    if not (math.isfinite(share) and 0.0 <= share <= 1.0):
+        raise UserError(f"config key 'warmup_permute_share' is a share of rows; give one in "
+                        f"[0, 1], not {share}")
 
 
 def _check_device(device: str) -> None:

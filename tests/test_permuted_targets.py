@@ -13,19 +13,16 @@ import torch
 from scipy import stats
 
 from musketeers.bench.channel import against, measure
-from musketeers.bench.permuted import (
-    answer_length,
-    by_length,
-    constant_answer,
-    length_table,
+from musketeers.bench.permuted import answer_length, by_length, constant_answer, length_table
+from musketeers.cache.items import Item
+from musketeers.checks.planted import DIM, EXPERTS, ORACLE, planted_config
+from musketeers.method import methods
+from musketeers.method.asked import (
     permute_share,
     permute_targets,
     share_permutation,
     target_permutation,
 )
-from musketeers.cache.items import Item
-from musketeers.checks.planted import DIM, EXPERTS, ORACLE, planted_config
-from musketeers.method import methods
 from musketeers.method.rollout import policy_score
 from musketeers.run.build import expert_names_for
 from musketeers.run.data import load_split

@@ -15,7 +15,8 @@ beats both, the channel carries item information and what RL lacks is signal, no
 ``--permute-targets`` asks each item another item's question and keeps its answer and states
 (``musketeers.bench.permuted``): reading C is then the only way to score, and the answers are
 reported by the target's length, beside the constant answer. ``--permute-share F`` does so for
-a share F of the train rows only, and grades the real validation task. ``--channel`` takes a comma
+a share F of the train rows only (a run's ``warmup_permute_share``), and grades the real
+validation task. ``--channel`` takes a comma
 list (``pooled,tokens,answer``): one fresh adapter per channel, one policy for all.
 ``--save`` keeps the results per item; ``--against`` pairs a run with such a file item by
 item (two configurations, e.g. with and without ``--token-positions``, on the same items).
@@ -34,6 +35,7 @@ import torch
 from musketeers.bench import permuted
 from musketeers.config import resolve_config
 from musketeers.method import methods
+from musketeers.method.asked import permute_targets
 from musketeers.method.context import adapter_context
 from musketeers.method.methods import derangement
 from musketeers.method.rollout import policy_score
@@ -100,14 +102,14 @@ def paired(a: list[bool], b: list[bool]) -> dict[str, float]:
     return {"diff": 100 * d.mean().item(), "se": 100 * (d.std() / len(d) ** 0.5).item()}
 
 
-def measure(cfg, eval_items: int, permute: bool, policy=None, permute_share: float = 0.0
-            ) -> tuple[dict, object]:
+def measure(cfg, eval_items: int, permute: bool, policy=None) -> tuple[dict, object]:
     """Warm up a fresh adapter on ``cfg``'s channel, then grade greedy answers on the first
     ``eval_items`` validation items with C from their own states, another item's and none.
     ``permute``: every split asks each row another row's question (``permuted``); the
     answers are also reported by the target's length, beside the constant answer.
-    ``permute_share``: that share of the train rows only, the validation split real. Returns
-    the results and the policy, which the next channel reuses."""
+    ``cfg.warmup_permute_share``: the warm-up permutes that share of the train rows only, the
+    validation split stays real. Returns the results and the policy, which the next channel
+    reuses."""
     reuse = policy is not None and cfg.warmup_policy_lr == 0  # a fitted LoRA is not reused
     method = methods.get(cfg.method)
     train, policy, adapter = build_components(
@@ -115,10 +117,7 @@ def measure(cfg, eval_items: int, permute: bool, policy=None, permute_share: flo
     val, _, _ = build_components(cfg, "val", method=method, limit=eval_items,
                                  policy_factory=lambda _cfg: policy)
     if permute:
-        train, val = permuted.permute_targets(train, cfg.seed), permuted.permute_targets(
-            val, cfg.seed)
-    elif permute_share:
-        train = permuted.permute_share(train, cfg.seed, permute_share)
+        train, val = permute_targets(train, cfg.seed), permute_targets(val, cfg.seed)
     t0 = time.perf_counter()
     rows = warm_up_adapter(cfg, policy, adapter, train)
     nll = [r["gold_nll"] for r in rows]
@@ -131,7 +130,7 @@ def measure(cfg, eval_items: int, permute: bool, policy=None, permute_share: flo
            "pooling": cfg.pooling, "channel": cfg.channel, "token_layer": cfg.token_layer,
            "token_positions": cfg.token_positions,
            "warmup_policy_lr": cfg.warmup_policy_lr, "permute_targets": permute,
-           "permute_share": permute_share,
+           "permute_share": cfg.warmup_permute_share,
            "nll_first10": sum(nll[:10]) / 10, "nll_last10": sum(nll[-10:]) / 10}
     right = {m: greedy_exact(cfg, policy, adapter, val, eval_items, m)
              for m in ("own", "shuffled", "none")}
@@ -209,8 +208,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="ask each item another item's question, keep its answer and states: "
                          "C is the only way to score (musketeers.bench.permuted)")
     ap.add_argument("--permute-share", type=float, default=0.0,
-                    help="permute a share (0-1) of the train rows only (permute_share), grade "
-                         "the real validation task: does C read there stay read here?")
+                    help="permute a share (0-1) of the train rows only (warmup_permute_share), "
+                         "grade the real validation task: does C read there stay read here?")
     ap.add_argument("--save", default=None, help="write the results (per item too) as JSON")
     ap.add_argument("--against", default=None,
                     help="a --save file of another configuration on the same items: print "
@@ -244,10 +243,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             token_layer=args.token_layer, token_positions=args.token_positions,
             adapter_warmup=args.steps,
             adapter_warmup_lr=args.lr, adapter_warmup_batch=args.batch,
-            warmup_policy_lr=args.warmup_policy_lr,
+            warmup_policy_lr=args.warmup_policy_lr, warmup_permute_share=args.permute_share,
             **({} if args.max_new_tokens is None else {"max_new_tokens": args.max_new_tokens})))
-        out, policy = measure(cfg, args.eval_items, args.permute_targets, policy,
-                              args.permute_share)
+        out, policy = measure(cfg, args.eval_items, args.permute_targets, policy)
         if saved:  # the saved run of the same channel; a mismatch is said, the run kept
             try:
                 out["against"] = against(out, saved[channel])

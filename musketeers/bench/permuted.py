@@ -8,10 +8,10 @@ trained and graded against: nothing in the question computes it, so reading C is
 only way to score. The team's other experts read the target's row too, so a run with the oracle
 alone (``--experts``) isolates it.
 
-``permute_share`` permutes only a share of the train split's rows, among themselves: a warm-up on
-that mix can score those rows only through C, while the real rows keep the question's route,
-and the validation split stays the real task. It asks whether a policy taught to read C on
-some rows then reads it where the question also answers.
+The permutation itself is the method's (``musketeers.method.asked``), shared with the
+warm-up's ``warmup_permute_share``: only a share of the train rows permuted, among themselves, so
+that a warm-up on that mix can score those rows only through C while the real rows keep the
+question's route, and the validation split stays the real task.
 
 Exact is then reported by the target's length: short answers read but long ones not means
 the channel is too narrow for a long answer; every length read means a null result on the real
@@ -21,60 +21,9 @@ task came from the policy's own route (it answers from the question and ignores 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
-
-import numpy as np
 
 from musketeers.cache.items import Item
-from musketeers.method.methods import derangement
 from musketeers.reports.probes import wilson
-from musketeers.run.data import SplitData
-from musketeers.runtime.seeds import derived_seed
-
-_PERMUTE_TAG = 0x9E27  # derived_seed stream of the targets' permutation
-_SHARE_TAG = 0x9E28  # derived_seed stream of the rows a partial permutation moves
-
-
-def target_permutation(n: int, seed: int) -> list[int]:
-    """σ: row i is asked row σ(i)'s question. Seeded, so fixed per (n, seed), and a
-    derangement, so no row keeps its own question (n ≥ 2)."""
-    return derangement(n, derived_seed(seed, _PERMUTE_TAG)).tolist()
-
-
-def permute_targets(data: SplitData, seed: int) -> SplitData:
-    """``data`` with each row asked another row's question (``target_permutation``); its gold
-    answer, scorer entry and expert states (pooled or tokens) stay the row's own, so the
-    target moves with what the oracle read, away from the question."""
-    return _asked(data, target_permutation(len(data), seed))
-
-
-def share_permutation(n: int, seed: int, share: float) -> list[int]:
-    """σ for ``permute_share``: a seeded ``share`` of the n rows (rounded; none below two) is
-    deranged among itself, every other row keeps its own question (σ(i) = i)."""
-    if not 0.0 <= share <= 1.0:
-        raise ValueError(f"a share of rows is in [0, 1], not {share}")
-    k = round(share * n)
-    sigma = list(range(n))
-    if k < 2:
-        return sigma
-    moved = np.sort(np.random.default_rng(derived_seed(seed, _SHARE_TAG)).choice(
-        n, size=k, replace=False))
-    for i, j in zip(moved, moved[target_permutation(k, seed)], strict=True):
-        sigma[int(i)] = int(j)
-    return sigma
-
-
-def permute_share(data: SplitData, seed: int, share: float) -> SplitData:
-    """``data`` with a seeded ``share`` of its rows asked another of those rows' question
-    (``share_permutation``); their answers, scorer entries and states stay their own."""
-    return _asked(data, share_permutation(len(data), seed, share))
-
-
-def _asked(data: SplitData, sigma: list[int]) -> SplitData:
-    """Row i asked row σ(i)'s question (and system prompt), all else its own."""
-    items = [replace(it, question=data.items[j].question, system=data.items[j].system)
-             for it, j in zip(data.items, sigma, strict=True)]
-    return replace(data, items=items)
 
 
 def answer_length(answer: str) -> int:

@@ -29,7 +29,7 @@ from musketeers.method.methods import fixed_steps, ignored
 BUDGETS = ("smoke", "pocket", "paper")
 # Order of the fields in a run's name.
 NAME_FIELDS = ("task", "method", "team", "pooling", "channel", "token_layer", "token_positions",
-               "latents")
+               "latents", "warmup_permute_share")
 
 
 @dataclass(frozen=True)
@@ -84,16 +84,20 @@ def _unnamed(fields: dict[str, Any]) -> set[str]:
 
 def run_name(budget: str, fields: dict[str, Any]) -> str:
     """Unique folder name
-    ``<budget>-<task>-<method>[-team][-pooling][-channel][-L<layer>][-pos][-mK]-s<seed>``."""
+    ``<budget>-<task>-<method>[-team][-pooling][-channel][-L<layer>][-pos][-mK][-askP]-s<seed>``
+    (P: the percent of the warm-up's rows asked another row's question)."""
     skip = set(ignored(fields.get("method"))) | _unnamed(fields)
     parts = [budget]
     for key in NAME_FIELDS:
-        if key in skip or fields.get(key) is None or fields.get(key) is False:
+        if key in skip or fields.get(key) is None or fields.get(key) is False or (
+                key == "warmup_permute_share" and not fields[key]):  # none asked: unnamed
             continue
         value = store_name(str(fields[key])) if key == "task" else fields[key]
         # a task file's path becomes its store's name: no slashes in a run folder's name
         prefix = {"latents": "m", "token_layer": "L"}.get(key, "")
         value = "pos" if key == "token_positions" else f"{prefix}{value}".replace(":", "")
+        if key == "warmup_permute_share":
+            value = f"ask{round(100 * float(fields[key]))}"
         parts.append(safe_name(value, f"the grid's {key}",
                                f"give {key} a plain value in the grid file"))
     parts.append(safe_name(f"s{fields.get('seed', 0)}", "the grid's seed",

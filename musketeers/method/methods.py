@@ -204,7 +204,8 @@ def _zero_context(dims: list[int], d_policy: int, o: dict[str, Any]) -> nn.Modul
 _NO_C = ("pooling", "channel", "token_layer", "token_positions", "latents", "context_position",
          "d_model", "heads", "adapter_lr", "context_scale", "standardize_experts",
          "adapter_warmup_lr")
-_NO_WARMUP = ("adapter_warmup", "adapter_warmup_batch", "warmup_policy_lr")
+_NO_WARMUP = ("adapter_warmup", "adapter_warmup_batch", "warmup_policy_lr",
+              "warmup_permute_share")
 _VECTORS = frozenset({"vectors"})
 
 register(Method("perceiver", "Ours", _perceiver, _VECTORS, attention=True, routed=True,

@@ -43,6 +43,8 @@ _ADAPTER_TAG = 0xAD7A  # ... of a micro-batch's adapter draws (hard routing's Gu
 class Batches(Protocol):
     """What a rollout reads of a split, passed in by the run (its ``SplitData`` is one)."""
 
+    items: list[Item]  # a dataclass field, so the warm-up can ask rows others' questions
+
     def __len__(self) -> int: ...
 
     def batch(self, idx: torch.Tensor

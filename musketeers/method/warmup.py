@@ -7,6 +7,12 @@ forcing, the policy frozen: it maximises log π(gold completion | [x ‖ C]) on 
 method with an adapter that trains gets the same warm-up on the vectors it reads (its
 ``shuffled_experts`` control on its deranged ones), so Ours and its controls stay comparable;
 only the train split's gold answers are read, never a validation item's.
+
+On a task whose question computes the answer, the policy learns the question's route and C goes
+unread, even from an oracle. ``warmup_permute_share`` asks a seeded share of the warm-up's rows
+another of those rows' question (``musketeers.method.asked``): they can be scored only through
+C. Every arm of a seed warms up on the same rows asked the same questions, Single too, so the
+arms still differ only in C; GRPO and the evaluation see the real task.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from musketeers.method import methods
+from musketeers.method.asked import permute_share
 from musketeers.method.context import adapter_context
 from musketeers.method.rollout import Batches
 from musketeers.runtime.seeds import derived_seed
@@ -56,7 +63,10 @@ def warm_up_adapter(cfg: TrainConfig, policy, adapter, data: Batches) -> list[di
     """``cfg.adapter_warmup`` AdamW steps on φ (lr ``adapter_warmup_lr``), a batch of
     ``adapter_warmup_batch`` train items each (0: one GRPO update's prompts); one metrics row
     per step. The policy's LoRA is frozen meanwhile, or fitted beside φ at ``warmup_policy_lr``
-    (alone where there is no adapter). GRPO's optimizer and RNG are left as they were."""
+    (alone where there is no adapter). ``warmup_permute_share`` of the rows are asked another
+    row's question. GRPO's optimizer and RNG are left as they were."""
+    if cfg.warmup_permute_share:
+        data = permute_share(data, cfg.seed, cfg.warmup_permute_share)
     lora = [p for p in policy.model.parameters() if p.requires_grad]
     fits_lora = cfg.warmup_policy_lr > 0
     frozen = [] if fits_lora else lora

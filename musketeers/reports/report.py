@@ -105,11 +105,15 @@ def _supervised_warmup(cfgs: list[dict]) -> list[str]:
     """The supervised warm-up before GRPO, when the runs had one: it is most of what the
     adapter learnt, so a reader must not take the GRPO rates above for the whole story."""
     seen = sorted({(int(c["adapter_warmup"]), c.get("adapter_warmup_batch"),
-                    c.get("adapter_warmup_lr"), c.get("warmup_policy_lr"))
+                    c.get("adapter_warmup_lr"), c.get("warmup_policy_lr"),
+                    float(c.get("warmup_permute_share") or 0))
                    for c in cfgs if c.get("adapter_warmup")
                    and "adapter_warmup" not in ignored(c.get("method"))})
+    asked = ("; {:.0%} of its rows asked another of those rows' question (only C scores "
+             "them)").format
     return [f"- Supervised warm-up before GRPO (gold answers; Single's without C): {n} steps "
-            f"of {b} items, adapter lr {a}, LoRA lr {p}" for n, b, a, p in seen]
+            f"of {b} items, adapter lr {a}, LoRA lr {p}" + (asked(f) if f else "")
+            for n, b, a, p, f in seen]
 
 
 def _what_was_run(grid: Grid, runs: list[Run], wall_time: WallTime | None) -> list[str]:

@@ -1,0 +1,99 @@
+"""warmup_permute_share: the supervised warm-up asks a seeded share of its rows another row's
+question (musketeers.method.asked), the same rows for every arm of a seed; GRPO and the
+evaluation keep the real task; a run's name and report say so; bad values are refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from musketeers.cache.errors import UserError
+from musketeers.checks.planted import planted_config
+from musketeers.design.gridspec import run_name
+from musketeers.method import methods, warmup
+from musketeers.method.asked import share_permutation
+from musketeers.reports.report import _supervised_warmup
+from musketeers.run.build import build_components
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+_GOLD_NLL = warmup.gold_nll
+
+
+def _seen(monkeypatch, cfg) -> tuple[list[tuple[str, str]], list[str], list[str]]:
+    """Warm ``cfg``'s run up; (answer, question) of every row the warm-up's loss read, and the
+    split's questions before and after."""
+    seen: list[tuple[str, str]] = []
+
+    def spy(policy, adapter, data, rows, device):
+        items, _, _ = data.batch(rows)
+        seen.extend((it.answer or "", it.question) for it in items)
+        return _GOLD_NLL(policy, adapter, data, rows, device)
+
+    monkeypatch.setattr(warmup, "gold_nll", spy)
+    method = methods.get(cfg.method)
+    data, policy, adapter = build_components(cfg, "train", method=method)
+    before = [it.question for it in data.items]
+    assert warmup.warms_up(cfg, adapter, method)
+    warmup.warm_up_adapter(cfg, policy, adapter, data)
+    return seen, before, [it.question for it in data.items]
+
+
+def test_the_warm_up_asks_its_share_of_rows_another_question_and_leaves_the_split_real(
+        planted_store, monkeypatch, tmp_path: Path):
+    share = dict(adapter_warmup=3, adapter_warmup_batch=16, warmup_policy_lr=1e-3)
+    cfg = planted_config("perceiver", 0, 1, planted_store, tmp_path / "a",
+                         warmup_permute_share=0.5, **share)
+    seen, before, after = _seen(monkeypatch, cfg)
+    assert after == before  # the split GRPO and the evaluation read is the real task
+    method = methods.get(cfg.method)
+    data, _, _ = build_components(cfg, "train", method=method)
+    sigma = share_permutation(len(data), cfg.seed, 0.5)
+    asked = {i: data.items[j].question for i, j in enumerate(sigma)}
+    by_answer = {(it.answer, asked[i]) for i, it in enumerate(data.items)}
+    assert len(seen) == 3 * 16 and set(seen) <= by_answer  # each row asked σ's question
+    moved = sum(q != data.items[i].question for i, q in asked.items())
+    assert moved == round(0.5 * len(data))
+    assert any(q not in {it.question for it in data.items if it.answer == a} for a, q in seen)
+
+    # Single on the same seed warms up on the same rows asked the same questions: the arms
+    # differ only in C
+    single = planted_config("single", 0, 1, planted_store, tmp_path / "b",
+                            warmup_permute_share=0.5, **share)
+    assert _seen(monkeypatch, single)[0] == seen
+    # without the share the rows keep their own questions
+    plain = planted_config("perceiver", 0, 1, planted_store, tmp_path / "c", **share)
+    own = {(it.answer, it.question) for it in data.items}
+    assert set(_seen(monkeypatch, plain)[0]) <= own
+
+
+@pytest.mark.parametrize(("overrides", "said"), [
+    (dict(warmup_permute_share=1.5, adapter_warmup=2), "in [0, 1], not 1.5"),
+    (dict(warmup_permute_share=float("nan"), adapter_warmup=2), "in [0, 1], not nan"),
+    (dict(warmup_permute_share=-0.1, adapter_warmup=2), "in [0, 1], not -0.1"),
+])
+def test_a_bad_share_is_refused_in_one_line(planted_store, tmp_path: Path, overrides, said):
+    with pytest.raises(UserError, match="warmup_permute_share") as exc:
+        planted_config("perceiver", 0, 1, planted_store, tmp_path / "r", **overrides)
+    assert said in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_the_untrained_baseline_ignores_the_share(planted_store, tmp_path: Path):
+    cfg = planted_config("untrained", 0, 1, planted_store, tmp_path / "r",
+                         warmup_permute_share=0.5)
+    assert "warmup_permute_share" in methods.ignored(cfg.method)
+
+
+def test_a_run_name_and_the_report_say_the_share():
+    fields = dict(task="arithmetic", method="single", seed=1)
+    assert run_name("pocket", fields) == "pocket-arithmetic-single-s1"
+    assert run_name("pocket", {**fields, "warmup_permute_share": 0.0}) == \
+        "pocket-arithmetic-single-s1"
+    assert run_name("pocket", {**fields, "warmup_permute_share": 0.5}) == \
+        "pocket-arithmetic-single-ask50-s1"
+    assert run_name("pocket", {**fields, "method": "untrained", "warmup_permute_share": 0.5}) \
+        == "pocket-arithmetic-untrained-s1"  # it has no warm-up to ask
+    cfg = dict(method="single", adapter_warmup=80, adapter_warmup_batch=8,
+               adapter_warmup_lr=1e-3, warmup_policy_lr=1e-4)
+    assert "asked" not in _supervised_warmup([cfg])[0]
+    assert "50% of its rows asked" in _supervised_warmup([{**cfg, "warmup_permute_share": 0.5}])[0]
