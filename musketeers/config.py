@@ -153,8 +153,8 @@ class TrainConfig:
     warmup_policy_lr: float = opt(0.0, cli=True, help="the warm-up also fits the LoRA beside φ "
                                   "at this lr (0: frozen); Single then gets the same steps")
     warmup_permute_share: float = opt(
-        0.0, cli=True, help="share (0-1) of the warm-up's rows asked another of those rows' "
-                            "question, so that only C can score them (0: none)")
+        0.0, cli=True, help="share (0-1) of each warm-up step's rows asked another of those "
+                            "rows' question, so that only C can score them (0: none)")
     # a different reward, named in reports (musketeers.tasks.scoring.EXTRACTIONS)
     extraction: str = opt("strict", cli=True,
                           help="how the graded answer is found: strict (the last "

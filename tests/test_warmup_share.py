@@ -12,7 +12,6 @@ from musketeers.cache.errors import UserError
 from musketeers.checks.planted import planted_config
 from musketeers.design.gridspec import run_name
 from musketeers.method import methods, warmup
-from musketeers.method.asked import share_permutation
 from musketeers.reports.report import _supervised_warmup
 from musketeers.run.build import build_components
 
@@ -20,14 +19,14 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 _GOLD_NLL = warmup.gold_nll
 
 
-def _seen(monkeypatch, cfg) -> tuple[list[tuple[str, str]], list[str], list[str]]:
-    """Warm ``cfg``'s run up; (answer, question) of every row the warm-up's loss read, and the
+def _seen(monkeypatch, cfg) -> tuple[list[list[tuple[str, str]]], list[str], list[str]]:
+    """Warm ``cfg``'s run up; per step, (answer, question) of each row its loss read, and the
     split's questions before and after."""
-    seen: list[tuple[str, str]] = []
+    seen: list[list[tuple[str, str]]] = []
 
     def spy(policy, adapter, data, rows, device):
         items, _, _ = data.batch(rows)
-        seen.extend((it.answer or "", it.question) for it in items)
+        seen.append([(it.answer or "", it.question) for it in items])
         return _GOLD_NLL(policy, adapter, data, rows, device)
 
     monkeypatch.setattr(warmup, "gold_nll", spy)
@@ -39,22 +38,27 @@ def _seen(monkeypatch, cfg) -> tuple[list[tuple[str, str]], list[str], list[str]
     return seen, before, [it.question for it in data.items]
 
 
-def test_the_warm_up_asks_its_share_of_rows_another_question_and_leaves_the_split_real(
+def test_the_warm_up_asks_a_fresh_share_of_rows_another_question_and_leaves_the_split_real(
         planted_store, monkeypatch, tmp_path: Path):
     share = dict(adapter_warmup=3, adapter_warmup_batch=16, warmup_policy_lr=1e-3)
     cfg = planted_config("perceiver", 0, 1, planted_store, tmp_path / "a",
                          warmup_permute_share=0.5, **share)
     seen, before, after = _seen(monkeypatch, cfg)
     assert after == before  # the split GRPO and the evaluation read is the real task
-    method = methods.get(cfg.method)
-    data, _, _ = build_components(cfg, "train", method=method)
-    sigma = share_permutation(len(data), cfg.seed, 0.5)
-    asked = {i: data.items[j].question for i, j in enumerate(sigma)}
-    by_answer = {(it.answer, asked[i]) for i, it in enumerate(data.items)}
-    assert len(seen) == 3 * 16 and set(seen) <= by_answer  # each row asked σ's question
-    moved = sum(q != data.items[i].question for i, q in asked.items())
-    assert moved == round(0.5 * len(data))
-    assert any(q not in {it.question for it in data.items if it.answer == a} for a, q in seen)
+    data, _, _ = build_components(cfg, "train", method=methods.get(cfg.method))
+    assert len(seen) == 3 and all(len(s) == 16 for s in seen)
+    # each step asks its rows by that step's σ: a share of the rows moved among themselves
+    steps = [warmup.asked_at(cfg, data, step).items for step in range(3)]
+    for items in steps:
+        moved = sum(a.question != b.question for a, b in zip(items, data.items, strict=True))
+        assert moved == round(0.5 * len(data))
+        assert [a.answer for a in items] == [b.answer for b in data.items]
+    for step, pairs in enumerate(seen):
+        assert set(pairs) <= {(it.answer or "", it.question) for it in steps[step]}
+    # drawn afresh each step: no row keeps one wrong question the LoRA could learn by heart
+    assert [it.question for it in steps[0]] != [it.question for it in steps[1]]
+    own = {(it.answer or "", it.question) for it in data.items}
+    assert any(not set(pairs) <= own for pairs in seen)
 
     # Single on the same seed warms up on the same rows asked the same questions: the arms
     # differ only in C
@@ -63,8 +67,7 @@ def test_the_warm_up_asks_its_share_of_rows_another_question_and_leaves_the_spli
     assert _seen(monkeypatch, single)[0] == seen
     # without the share the rows keep their own questions
     plain = planted_config("perceiver", 0, 1, planted_store, tmp_path / "c", **share)
-    own = {(it.answer, it.question) for it in data.items}
-    assert set(_seen(monkeypatch, plain)[0]) <= own
+    assert all(set(pairs) <= own for pairs in _seen(monkeypatch, plain)[0])
 
 
 @pytest.mark.parametrize(("overrides", "said"), [

@@ -5,8 +5,9 @@ From the question's side an oracle expert then read another item's answer, and t
 the target: nothing in the question computes it, so reading C is the only way to score such a
 row. Two users: the permuted-target experiment (``musketeers.bench.permuted``, every row of
 every split), and the warm-up's ``warmup_permute_share`` (a lever beyond the paper: a share of
-the train rows only, so that the supervised warm-up teaches φ to read C where the question
-would otherwise answer and C go unread; GRPO and the evaluation see the real task).
+the train rows only, drawn afresh each step, so that the supervised warm-up teaches φ to read C
+where the question would otherwise answer and C go unread; GRPO and the evaluation see the real
+task).
 """
 
 from __future__ import annotations

@@ -10,9 +10,10 @@ only the train split's gold answers are read, never a validation item's.
 
 On a task whose question computes the answer, the policy learns the question's route and C goes
 unread, even from an oracle. ``warmup_permute_share`` asks a seeded share of the warm-up's rows
-another of those rows' question (``musketeers.method.asked``): they can be scored only through
-C. Every arm of a seed warms up on the same rows asked the same questions, Single too, so the
-arms still differ only in C; GRPO and the evaluation see the real task.
+another of those rows' question (``musketeers.method.asked``), drawn afresh each step: they can
+be scored only through C. Every arm of a seed warms up on the same rows asked the same
+questions, Single too, so the arms still differ only in C; GRPO and the evaluation see the real
+task.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ if TYPE_CHECKING:  # a type only: config imports the method's registries, never 
 
 log = logging.getLogger("musketeers.method.warmup")
 _WARMUP_TAG = 0x3A2F  # derived_seed stream of the warm-up's item draws
+_ASKED_TAG = 0x3A30  # ... of each step's rows asked another question (warmup_permute_share)
 
 
 def gold_completion(policy, answer: str) -> list[int]:
@@ -51,6 +53,17 @@ def gold_nll(policy, adapter, data: Batches, rows: torch.Tensor, device: str
     return -(logp.sum() / mask.sum())
 
 
+def asked_at(cfg: TrainConfig, data: Batches, step: int) -> Batches:
+    """The warm-up's rows at ``step``: ``warmup_permute_share`` of them asked another of those
+    rows' question, by a permutation drawn afresh each step from (seed, step). One fixed for
+    the whole warm-up lets the LoRA learn each moved row's (question, target) pair by heart
+    over the epochs instead of reading C (docs/channels.md)."""
+    if not cfg.warmup_permute_share:
+        return data
+    return permute_share(data, derived_seed(cfg.seed, _ASKED_TAG, step),
+                         cfg.warmup_permute_share)
+
+
 def warms_up(cfg: TrainConfig, adapter, method: methods.Method) -> bool:
     """Whether this run gets the warm-up: the method trains, and the run has an adapter that
     learns or (``warmup_policy_lr``) a LoRA, so that Single gets the supervised steps Ours does."""
@@ -63,10 +76,8 @@ def warm_up_adapter(cfg: TrainConfig, policy, adapter, data: Batches) -> list[di
     """``cfg.adapter_warmup`` AdamW steps on φ (lr ``adapter_warmup_lr``), a batch of
     ``adapter_warmup_batch`` train items each (0: one GRPO update's prompts); one metrics row
     per step. The policy's LoRA is frozen meanwhile, or fitted beside φ at ``warmup_policy_lr``
-    (alone where there is no adapter). ``warmup_permute_share`` of the rows are asked another
-    row's question. GRPO's optimizer and RNG are left as they were."""
-    if cfg.warmup_permute_share:
-        data = permute_share(data, cfg.seed, cfg.warmup_permute_share)
+    (alone where there is no adapter); each step's rows as ``asked_at`` gives them. GRPO's
+    optimizer and RNG are left as they were."""
     lora = [p for p in policy.model.parameters() if p.requires_grad]
     fits_lora = cfg.warmup_policy_lr > 0
     frozen = [] if fits_lora else lora
@@ -83,7 +94,7 @@ def warm_up_adapter(cfg: TrainConfig, policy, adapter, data: Batches) -> list[di
     try:
         for step in range(cfg.adapter_warmup):
             rows = torch.randint(0, len(data), (batch,), generator=g)
-            loss = gold_nll(policy, adapter, data, rows, cfg.device)
+            loss = gold_nll(policy, adapter, asked_at(cfg, data, step), rows, cfg.device)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
