@@ -942,7 +942,8 @@ def test_names_groups_staleness_and_store_needs_follow_the_registry(tmp_path: Pa
         "t-logic-zero_context-default-m4-s0"  # m positions of zeros: m matters, pooling not
     assert agg.group_key({**base, "method": "single", "latents": 8}) == {
         "task": "logic", "method": "single", "team": None, "pooling": None, "channel": None,
-        "token_layer": None, "token_positions": None, "latents": None}
+        "token_layer": None, "token_positions": None, "latents": None,
+        "warmup_permute_share": 0.0}
     d = tmp_path / "run"
     d.mkdir()
     (d / "config.yaml").write_text(yaml.safe_dump({**base, "method": "single",

@@ -100,3 +100,21 @@ def test_a_run_name_and_the_report_say_the_share():
                adapter_warmup_lr=1e-3, warmup_policy_lr=1e-4)
     assert "asked" not in _supervised_warmup([cfg])[0]
     assert "50% of its rows asked" in _supervised_warmup([{**cfg, "warmup_permute_share": 0.5}])[0]
+
+
+def test_a_report_cell_never_mixes_warm_up_shares():
+    from musketeers.reports import aggregate as agg
+
+    base = {"task": "arithmetic", "method": "single", "seed": 0}
+    old = agg.Run("old", Path("old"), dict(base), "done", eval={"exact": 0.2})  # before the field
+    plain = agg.Run("plain", Path("p"), {**base, "seed": 1, "warmup_permute_share": 0.0},
+                    "done", eval={"exact": 0.3})
+    asked = agg.Run("asked", Path("a"), {**base, "warmup_permute_share": 0.5}, "done",
+                    eval={"exact": 0.9})
+    untrained = agg.Run("u", Path("u"), {**base, "method": "untrained",
+                                         "warmup_permute_share": 0.5}, "done", eval={"exact": 0.0})
+    runs = [old, plain, asked, untrained]
+    assert agg.cell(runs, method="single").runs == [old, plain]  # unnamed: no permuted rows
+    assert agg.cell(runs, method="single", warmup_permute_share=0.5).runs == [asked]
+    assert agg.cell(runs, method="untrained").runs == [untrained]  # it has no warm-up
+    assert asked.key["warmup_permute_share"] == 0.5 and old.key["warmup_permute_share"] == 0.0

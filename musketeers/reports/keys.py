@@ -15,7 +15,9 @@ from musketeers.method.methods import ignored
 from musketeers.tasks.variants import task_family
 
 GROUP_FIELDS = ("task", "method", "team", "pooling", "channel", "token_layer", "token_positions",
-                "latents")
+                "latents", "warmup_permute_share")
+# a run's warm-up share of rows asked another question (0: none, and every run before the field)
+SHARE = "warmup_permute_share"
 
 
 def channel_fields(config: dict[str, Any]) -> dict[str, Any]:
@@ -37,6 +39,7 @@ def group_key(config: dict[str, Any]) -> dict[str, Any]:
     """The fields that define a table cell; seeds of one key are averaged. A task variant
     (``arithmetic:easy@direct``) fills its base task's column; ``Cell.variants`` names it."""
     key = {k: config.get(k) for k in GROUP_FIELDS} | channel_fields(config)
+    key[SHARE] = float(config.get(SHARE) or 0.0)
     if isinstance(key["task"], str):
         key["task"] = task_family(key["task"])
     for k in ignored(key["method"]):
@@ -54,7 +57,10 @@ R = TypeVar("R", bound=Keyed)
 
 
 def select(runs: list[R], **key: Any) -> list[R]:
-    """Runs whose group key matches every given field (None matches a dropped field)."""
+    """Runs whose group key matches every given field (None matches a dropped field). The
+    warm-up's share matches 0 unless given: a cell never mixes warm-ups on permuted rows into
+    one that does not name them."""
+    key = {SHARE: 0.0, **key}
     out = []
     for run in runs:
         rk = run.key
