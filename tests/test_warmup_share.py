@@ -118,3 +118,31 @@ def test_a_report_cell_never_mixes_warm_up_shares():
     assert agg.cell(runs, method="single", warmup_permute_share=0.5).runs == [asked]
     assert agg.cell(runs, method="untrained").runs == [untrained]  # it has no warm-up
     assert asked.key["warmup_permute_share"] == 0.5 and old.key["warmup_permute_share"] == 0.0
+
+
+def test_the_taught_claims_compare_cells_of_the_named_shares():
+    from musketeers.design.comparisons import COMPARISONS
+    from musketeers.reports import aggregate as agg
+
+    def run(name: str, share: float, **key) -> agg.Run:
+        config = {"task": "arithmetic:easier@direct", "seed": 0, "latents": 8,
+                  "warmup_permute_share": share, "channel": "answer", **key}
+        return agg.Run(name, Path(name), config, "done", eval={"exact": 0.5})
+
+    runs = [run("oracle-asked", 0.5, method="perceiver", team="oracle"),
+            run("oracle", 0.0, method="perceiver", team="oracle"),
+            run("single-asked", 0.5, method="single"), run("single", 0.0, method="single")]
+    by_name = {c.name: c for c in COMPARISONS}
+
+    def cells(name: str) -> tuple[list[str], list[str]]:
+        c = by_name[name]
+        return tuple([r.name for r in agg.cell(runs, task="arithmetic", latents=8,
+                                               **{**c.defaults, **side}).runs]
+                     for side in (c.tested, c.control))
+
+    assert cells("oracle (answer, 50% asked) > Single (50% asked)") == (
+        ["oracle-asked"], ["single-asked"])
+    assert cells("oracle (answer, 50% asked) > oracle (answer)") == (["oracle-asked"], ["oracle"])
+    assert cells("Single (50% asked) > Single") == (["single-asked"], ["single"])
+    # the plain channel claims keep to the plain warm-up
+    assert cells("oracle (answer) > Single") == (["oracle"], ["single"])

@@ -59,6 +59,37 @@ def channel_comparisons(channel: str) -> tuple[Comparison, ...]:
     )
 
 
+# warm-up shares of rows asked another question (``warmup_permute_share``) that claims are
+# declared for: a cell that names none is the plain warm-up (share 0)
+TAUGHT_SHARES = (0.5,)
+
+
+def taught_comparisons(channel: str, share: float) -> tuple[Comparison, ...]:
+    """Claims on warm-ups that teach the read (``share`` of each step's rows asked another
+    row's question, every arm alike): the positive control against Single on that warm-up and
+    against the oracle on the plain one, and what the share costs Single's own route."""
+    on = {"channel": channel, "token_layer": DEFAULT_TOKEN_LAYER}
+    taught = {"warmup_permute_share": share}
+    oracle = {**OURS, "team": "oracle"}
+    tag = f"{share:.0%} asked"
+    return (
+        Comparison(f"oracle ({channel}, {tag}) > Single ({tag})", {**oracle, **taught},
+                   {"method": "single", **taught},
+                   f"taught to read C, the oracle's help passes through the {channel} channel",
+                   positive_control=True, defaults=on),
+        Comparison(f"oracle ({channel}, {tag}) > oracle ({channel})", {**oracle, **taught},
+                   oracle, "teaching the read adds to what the plain warm-up lets through",
+                   defaults=on),
+        Comparison(f"Ours ({channel}, {tag}) > Single ({tag})", {**OURS, **taught},
+                   {"method": "single", **taught},
+                   f"taught to read C, the default team's states help through {channel}",
+                   defaults=on),
+        Comparison(f"Single ({tag}) > Single", {"method": "single", **taught},
+                   {"method": "single"},
+                   "the permuted rows do not cost the policy's own route", defaults=on),
+    )
+
+
 COMPARISONS: tuple[Comparison, ...] = (
     Comparison("regime: Single > untrained", {"method": "single"}, {"method": "untrained"},
                "training teaches the policy something at this budget"),
@@ -86,6 +117,8 @@ COMPARISONS: tuple[Comparison, ...] = (
     Comparison("Ours > no cross-attention", OURS, {**OURS, "method": "no_cross_attn"},
                "Table 1: cross-attention beats a token-wise FFN"),
     *(c for channel in CHANNELS if channel != POOLED for c in channel_comparisons(channel)),
+    *(c for channel in CHANNELS if channel != POOLED for share in TAUGHT_SHARES
+      for c in taught_comparisons(channel, share)),
 )
 
 
