@@ -96,6 +96,9 @@ def test_a_run_name_and_the_report_say_the_share():
         "pocket-arithmetic-single-ask50-s1"
     assert run_name("pocket", {**fields, "method": "untrained", "warmup_permute_share": 0.5}) \
         == "pocket-arithmetic-untrained-s1"  # it has no warm-up to ask
+    near = {run_name("pocket", {**fields, "warmup_permute_share": p}) for p in (0.5, 0.504, 0.29)}
+    assert near == {"pocket-arithmetic-single-ask50-s1", "pocket-arithmetic-single-ask50.4-s1",
+                    "pocket-arithmetic-single-ask29-s1"}  # close shares keep their own folders
     cfg = dict(method="single", adapter_warmup=80, adapter_warmup_batch=8,
                adapter_warmup_lr=1e-3, warmup_policy_lr=1e-4)
     assert "asked" not in _supervised_warmup([cfg])[0]

@@ -82,23 +82,31 @@ def _unnamed(fields: dict[str, Any]) -> set[str]:
     return {"pooling", "token_layer"} if last else {"pooling"}
 
 
+def _name_part(key: str, value: Any) -> str:
+    """One field's part of a run's name: a task file's path as its store's name (no slashes in
+    a folder's name), ``m``/``L`` before latents and layer, ``pos`` for positions, and the
+    asked share as its exact percent (``ask50``, ``ask50.4``: two shares never share a name)."""
+    if key == "token_positions":
+        return "pos"
+    if key == "warmup_permute_share":
+        return f"ask{100 * float(value):.6g}"
+    if key == "task":
+        value = store_name(str(value))
+    prefix = {"latents": "m", "token_layer": "L"}.get(key, "")
+    return f"{prefix}{value}".replace(":", "")
+
+
 def run_name(budget: str, fields: dict[str, Any]) -> str:
     """Unique folder name
     ``<budget>-<task>-<method>[-team][-pooling][-channel][-L<layer>][-pos][-mK][-askP]-s<seed>``
-    (P: the percent of the warm-up's rows asked another row's question)."""
+    (P: the percent of the warm-up's rows asked another row's question; none asked: unnamed)."""
     skip = set(ignored(fields.get("method"))) | _unnamed(fields)
     parts = [budget]
     for key in NAME_FIELDS:
         if key in skip or fields.get(key) is None or fields.get(key) is False or (
-                key == "warmup_permute_share" and not fields[key]):  # none asked: unnamed
+                key == "warmup_permute_share" and not fields[key]):
             continue
-        value = store_name(str(fields[key])) if key == "task" else fields[key]
-        # a task file's path becomes its store's name: no slashes in a run folder's name
-        prefix = {"latents": "m", "token_layer": "L"}.get(key, "")
-        value = "pos" if key == "token_positions" else f"{prefix}{value}".replace(":", "")
-        if key == "warmup_permute_share":
-            value = f"ask{round(100 * float(fields[key]))}"
-        parts.append(safe_name(value, f"the grid's {key}",
+        parts.append(safe_name(_name_part(key, fields[key]), f"the grid's {key}",
                                f"give {key} a plain value in the grid file"))
     parts.append(safe_name(f"s{fields.get('seed', 0)}", "the grid's seed",
                            "give seeds as integers in the grid file"))
