@@ -72,7 +72,8 @@ def test_a_bad_permute_share_is_refused_before_any_training(tmp_path: Path, caps
 
     for args, said in ((["--permute-share", "2"], "give one in [0, 1]"),
                        (["--permute-share", "0.5", "--permute-targets"],
-                        "drop --permute-share")):
+                        "drop --permute-share"),
+                       (["--train-items", "1"], "give at least 2 rows")):
         with pytest.raises(SystemExit) as exc:
             main([*args, "--cache-dir", str(tmp_path / "no-store")])
         assert exc.value.code == 2 and said in capsys.readouterr().err
@@ -156,6 +157,19 @@ def test_c_is_the_only_way_to_score_a_permuted_target(planted_store, tmp_path: P
     assert same["exact_own"]["diff"] == 0 and same["nll_own"]["diff"] == 0
     assert same["exact_own"]["n"] == len(out["per_item"]["question"]) == 16
     assert same["exact_own_2plus_digits"] is None  # the planted targets are one token
+
+
+def test_the_warm_up_can_read_the_first_train_rows_only(planted_store, tmp_path: Path):
+    """``--train-items N``: the warm-up sees the first N train rows (is the read learnt per
+    item or in general?); the validation items graded are the same."""
+    cfg = planted_config("perceiver", 0, 1, planted_store, tmp_path / "r", adapter_warmup=2,
+                         adapter_warmup_batch=4)
+    every = len(load_split(cfg, "train", expert_names_for(cfg, methods.get(cfg.method)),
+                           method=methods.get(cfg.method)))
+    few, _ = measure(cfg, 8, permute=True, train_items=6)
+    whole, _ = measure(cfg, 8, permute=True)
+    assert (few["train_items"], whole["train_items"]) == (6, every) and every > 6
+    assert few["per_item"]["question"] == whole["per_item"]["question"]
 
 
 def test_against_pairs_two_configurations_item_by_item():

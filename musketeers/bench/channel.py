@@ -102,9 +102,11 @@ def paired(a: list[bool], b: list[bool]) -> dict[str, float]:
     return {"diff": 100 * d.mean().item(), "se": 100 * (d.std() / len(d) ** 0.5).item()}
 
 
-def measure(cfg, eval_items: int, permute: bool, policy=None) -> tuple[dict, object]:
-    """Warm up a fresh adapter on ``cfg``'s channel, then grade greedy answers on the first
-    ``eval_items`` validation items with C from their own states, another item's and none.
+def measure(cfg, eval_items: int, permute: bool, policy=None,
+            train_items: int | None = None) -> tuple[dict, object]:
+    """Warm up a fresh adapter on ``cfg``'s channel (on the first ``train_items`` train rows;
+    None: all), then grade greedy answers on the first ``eval_items`` validation items with C
+    from their own states, another item's and none.
     ``permute``: every split asks each row another row's question (``permuted``); the
     answers are also reported by the target's length, beside the constant answer.
     ``cfg.warmup_permute_share``: the warm-up permutes that share of the train rows only, the
@@ -113,7 +115,8 @@ def measure(cfg, eval_items: int, permute: bool, policy=None) -> tuple[dict, obj
     reuse = policy is not None and cfg.warmup_policy_lr == 0  # a fitted LoRA is not reused
     method = methods.get(cfg.method)
     train, policy, adapter = build_components(
-        cfg, "train", method=method, policy_factory=(lambda _cfg: policy) if reuse else None)
+        cfg, "train", method=method, limit=train_items,
+        policy_factory=(lambda _cfg: policy) if reuse else None)
     val, _, _ = build_components(cfg, "val", method=method, limit=eval_items,
                                  policy_factory=lambda _cfg: policy)
     if permute:
@@ -126,8 +129,8 @@ def measure(cfg, eval_items: int, permute: bool, policy=None) -> tuple[dict, obj
     out = {"task": cfg.task, "team": cfg.team, "experts": cfg.experts,
            "steps": cfg.adapter_warmup, "batch": cfg.adapter_warmup_batch,
            "lr": cfg.adapter_warmup_lr, "context_scale": cfg.context_scale,
-           "eval_items": eval_items, "standardize": cfg.standardize_experts,
-           "pooling": cfg.pooling, "channel": cfg.channel, "token_layer": cfg.token_layer,
+           "eval_items": eval_items, "train_items": len(train),
+           "standardize": cfg.standardize_experts, "pooling": cfg.pooling, "channel": cfg.channel, "token_layer": cfg.token_layer,
            "token_positions": cfg.token_positions,
            "warmup_policy_lr": cfg.warmup_policy_lr, "permute_targets": permute,
            "permute_share": cfg.warmup_permute_share,
@@ -199,6 +202,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     help="centre and scale the expert vectors first (standardize_experts)")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--eval-items", type=int, default=200)
+    ap.add_argument("--train-items", type=int, default=None,
+                    help="warm up on the first N train rows only (default: the whole split): "
+                         "does the read generalise from more items or is it learnt per item?")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--warmup-policy-lr", type=float, default=0.0,
                     help="fit the policy's LoRA beside φ at this lr (warmup_policy_lr; 0: frozen)")
@@ -217,6 +223,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = ap.parse_args(argv)
     if not 0.0 <= args.permute_share <= 1.0:
         ap.error(f"--permute-share {args.permute_share} is a share of rows; give one in [0, 1]")
+    if args.train_items is not None and args.train_items < 2:
+        ap.error(f"--train-items {args.train_items}: give at least 2 rows (a permutation "
+                 "needs two), or leave it out for the whole split")
     if args.permute_share and args.permute_targets:
         ap.error("--permute-targets already permutes every row; drop --permute-share")
     saved = {}
@@ -245,7 +254,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             adapter_warmup_lr=args.lr, adapter_warmup_batch=args.batch,
             warmup_policy_lr=args.warmup_policy_lr, warmup_permute_share=args.permute_share,
             **({} if args.max_new_tokens is None else {"max_new_tokens": args.max_new_tokens})))
-        out, policy = measure(cfg, args.eval_items, args.permute_targets, policy)
+        out, policy = measure(cfg, args.eval_items, args.permute_targets, policy,
+                              args.train_items)
         if saved:  # the saved run of the same channel; a mismatch is said, the run kept
             try:
                 out["against"] = against(out, saved[channel])
