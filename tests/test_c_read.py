@@ -53,3 +53,15 @@ def test_runs_without_the_kept_nll_have_no_row(tmp_path: Path):
     rows = [x for x in lines if x.startswith("| ") and not x.startswith("| Method")]
     assert len(rows) == 1 and rows[0].startswith("| Single | 1 | 3 |")
     assert rows[0].endswith("| one seed |")
+
+
+def test_two_warm_up_shares_are_two_rows_never_two_seeds_of_one(tmp_path: Path):
+    plain = write_run(tmp_path, "p0", 0.5, seed=0, **ORACLE)
+    taught = write_run(tmp_path, "t0", 0.5, seed=0, **ORACLE, warmup_permute_share=0.5)
+    kept(plain, [1.0, 2.0, 3.0], [2.0, 3.0, 4.0])
+    kept(taught, [5.0, 5.0, 5.0], [4.0, 4.0, 4.0])
+    rows = [x for x in c_read_markdown(agg.load_runs(tmp_path))
+            if x.startswith("| Ours")]
+    assert sorted(r.split(" | ")[0:3] for r in rows) == [["| Ours, 0% asked", "1", "3"],
+                                                         ["| Ours, 50% asked", "1", "3"]]
+    assert {r.split(" | ")[5] for r in rows} == {"-1.00", "+1.00"}  # not one averaged row

@@ -19,6 +19,7 @@ import numpy as np
 
 from musketeers.reports.aggregate import Run
 from musketeers.reports.headroom import headroom
+from musketeers.reports.keys import SHARE
 from musketeers.reports.tables import tasks_of
 from musketeers.tasks.variants import task_title
 
@@ -70,22 +71,33 @@ def _spread(values: list[float]) -> str:
 
 # the group fields a row's label names where the task's runs set them to more than one value
 # (the method always)
-LABEL_FIELDS = ("team", "channel", "pooling", "token_layer", "latents")
+LABEL_FIELDS = ("team", "channel", "pooling", "token_layer", "token_positions", "latents", SHARE)
+
+
+def _label_part(field: str, value: object) -> str:
+    if field == SHARE:
+        return f"{100 * float(value):g}% asked"  # type: ignore[arg-type]
+    if field == "token_positions":
+        return "positions" if value else "no positions"
+    return f"{field} {value}"
 
 
 def labelled_cells(runs: list[Run], task: str) -> dict[str, list[Run]]:
-    """The task's graded runs by cell (every group field but the seed), each labelled by its
-    method and the fields that tell the task's cells apart: any channel, team or pooling, not
-    only Table 1's."""
+    """The task's graded runs by cell (every group field but the seed: two warm-up shares
+    never share a row), each labelled by its method and the fields that tell the task's cells
+    apart: any channel, team, pooling, positions or share, not only Table 1's."""
     graded = [r for r in runs if r.key["task"] == task and r.exact is not None]
     varying = [f for f in LABEL_FIELDS
                if len({str(r.key[f]) for r in graded if r.key.get(f) is not None}) > 1]
-    out: dict[str, list[Run]] = {}
+    cells: dict[str, list[Run]] = {}
     for r in sorted(graded, key=lambda r: r.name):
-        spec = r.spec
-        parts = [f"{f} {r.key[f]}" for f in varying if r.key.get(f) is not None]
-        label = ", ".join([spec.label if spec else str(r.key["method"]), *parts])
-        out.setdefault(label, []).append(r)
+        cells.setdefault(repr(sorted(r.key.items(), key=str)), []).append(r)
+    out: dict[str, list[Run]] = {}
+    for cell in cells.values():
+        r = cell[0]
+        parts = [_label_part(f, r.key[f]) for f in varying if r.key.get(f) is not None]
+        label = ", ".join([r.spec.label if r.spec else str(r.key["method"]), *parts])
+        out[label if label not in out else f"{label} ({cell[0].name})"] = cell
     return out
 
 
