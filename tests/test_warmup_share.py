@@ -105,6 +105,21 @@ def test_a_run_name_and_the_report_say_the_share():
     assert "50% of its rows asked" in _supervised_warmup([{**cfg, "warmup_permute_share": 0.5}])[0]
 
 
+def test_a_share_is_spelt_alike_in_names_labels_claims_and_the_warm_up_line():
+    # 0.504 once printed as "50%" in claims and the warm-up line but "50.4" in names and labels
+    from musketeers.design.comparisons import taught_comparisons
+    from musketeers.reports.trained_headroom import _label_part
+    share = 0.504
+    assert run_name("pocket", {"task": "t", "method": "single", "seed": 0,
+                               "warmup_permute_share": share}).endswith("-ask50.4-s0")
+    assert _label_part("warmup_permute_share", share) == "50.4% asked"
+    assert all("(answer, 50.4% asked)" in c.name or "Single (50.4% asked)" in c.name
+               for c in taught_comparisons("answer", share))
+    cfg = dict(method="single", adapter_warmup=80, adapter_warmup_batch=8,
+               adapter_warmup_lr=1e-3, warmup_policy_lr=1e-4, warmup_permute_share=share)
+    assert "; 50.4% of its rows asked" in _supervised_warmup([cfg])[0]
+
+
 def test_a_report_cell_never_mixes_warm_up_shares():
     from musketeers.reports import aggregate as agg
 

@@ -24,6 +24,7 @@ from musketeers.config import DEFAULT_TOKEN_LAYER
 from musketeers.design import experiment
 from musketeers.design.grid_yaml import check_grid, read_grid_yaml
 from musketeers.design.prereg import Preregistration, read_prereg
+from musketeers.method.asked import share_percent
 from musketeers.method.methods import fixed_steps, ignored
 
 BUDGETS = ("smoke", "pocket", "paper")
@@ -89,7 +90,7 @@ def _name_part(key: str, value: Any) -> str:
     if key == "token_positions":
         return "pos"
     if key == "warmup_permute_share":
-        return f"ask{100 * float(value):.6g}"
+        return f"ask{share_percent(value)}"
     if key == "task":
         value = store_name(str(value))
     prefix = {"latents": "m", "token_layer": "L"}.get(key, "")

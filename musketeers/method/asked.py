@@ -57,6 +57,12 @@ def share_permutation(n: int, seed: int, share: float) -> list[int]:
     return sigma
 
 
+def share_percent(share: float) -> str:
+    """A share of rows asked as its exact percent (0.5 → ``50``, 0.504 → ``50.4``): the one
+    spelling of a share in run names, labels and claims, so two shares never read alike."""
+    return f"{100 * float(share):.6g}"
+
+
 def asked(data: R, sigma: list[int]) -> R:
     """``data`` with row i asked row σ(i)'s question (and system prompt), all else its own."""
     items = [replace(it, question=data.items[j].question, system=data.items[j].system)

@@ -13,6 +13,7 @@ from typing import Any
 from musketeers.cache.untrusted import printable
 from musketeers.design.gridspec import Grid
 from musketeers.design.prereg import implicit
+from musketeers.method.asked import share_percent
 from musketeers.method.methods import ignored
 from musketeers.reports.aggregate import METRICS, Run, load_runs
 from musketeers.reports.by_source import by_source_markdown
@@ -109,8 +110,9 @@ def _supervised_warmup(cfgs: list[dict]) -> list[str]:
                     float(c.get("warmup_permute_share") or 0))
                    for c in cfgs if c.get("adapter_warmup")
                    and "adapter_warmup" not in ignored(c.get("method"))})
-    asked = ("; {:.0%} of its rows asked another of those rows' question (only C scores "
-             "them)").format
+    def asked(share: float) -> str:
+        return (f"; {share_percent(share)}% of its rows asked another of those rows' question "
+                "(only C scores them)")
     return [f"- Supervised warm-up before GRPO (gold answers; Single's without C): {n} steps "
             f"of {b} items, adapter lr {a}, LoRA lr {p}" + (asked(f) if f else "")
             for n, b, a, p, f in seen]
