@@ -170,6 +170,8 @@ def test_the_warm_up_can_read_the_first_train_rows_only(planted_store, tmp_path:
     whole, _ = measure(cfg, 8, permute=True)
     assert (few["train_items"], whole["train_items"]) == (6, every) and every > 6
     assert few["per_item"]["question"] == whole["per_item"]["question"]
+    # a run names its seed and thread count: reruns on other thread counts train apart
+    assert (few["seed"], few["threads"]) == (cfg.seed, torch.get_num_threads())
 
 
 def test_against_pairs_two_configurations_item_by_item():

@@ -135,6 +135,8 @@ def measure(cfg, eval_items: int, permute: bool, policy=None,
            "token_positions": cfg.token_positions,
            "warmup_policy_lr": cfg.warmup_policy_lr, "permute_targets": permute,
            "permute_share": cfg.warmup_permute_share,
+           # a rerun on another thread count trains another adapter: kept to tell runs apart
+           "seed": cfg.seed, "cache_dir": str(cfg.cache_dir), "threads": torch.get_num_threads(),
            "nll_first10": sum(nll[:10]) / 10, "nll_last10": sum(nll[-10:]) / 10}
     right = {m: greedy_exact(cfg, policy, adapter, val, eval_items, m)
              for m in ("own", "shuffled", "none")}

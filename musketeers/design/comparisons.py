@@ -12,7 +12,7 @@ from typing import Any
 
 from musketeers.cache.tokens import CHANNELS, POOLED
 from musketeers.config import DEFAULT_TOKEN_LAYER
-from musketeers.method.asked import share_percent
+from musketeers.method.asked import share_label
 
 OURS: dict[str, Any] = {"method": "perceiver", "team": "default"}
 
@@ -72,7 +72,7 @@ def taught_comparisons(channel: str, share: float) -> tuple[Comparison, ...]:
     on = {"channel": channel, "token_layer": DEFAULT_TOKEN_LAYER}
     taught = {"warmup_permute_share": share}
     oracle = {**OURS, "team": "oracle"}
-    tag = f"{share_percent(share)}% asked"
+    tag = share_label(share)
     return (
         Comparison(f"oracle ({channel}, {tag}) > Single ({tag})", {**oracle, **taught},
                    {"method": "single", **taught},

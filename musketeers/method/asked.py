@@ -63,6 +63,11 @@ def share_percent(share: float) -> str:
     return f"{100 * float(share):.6g}"
 
 
+def share_label(share: float) -> str:
+    """A share as a label's words (0.5 → ``50% asked``): one wording in tables and claims."""
+    return f"{share_percent(share)}% asked"
+
+
 def asked(data: R, sigma: list[int]) -> R:
     """``data`` with row i asked row σ(i)'s question (and system prompt), all else its own."""
     items = [replace(it, question=data.items[j].question, system=data.items[j].system)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from musketeers.method.asked import share_percent
+from musketeers.method.asked import share_label
 from musketeers.reports.aggregate import Run
 from musketeers.reports.headroom import headroom
 from musketeers.reports.keys import SHARE
@@ -77,7 +77,7 @@ LABEL_FIELDS = ("team", "channel", "pooling", "token_layer", "token_positions", 
 
 def _label_part(field: str, value: object) -> str:
     if field == SHARE:
-        return f"{share_percent(value)}% asked"  # type: ignore[arg-type]
+        return share_label(value)  # type: ignore[arg-type]
     if field == "token_positions":
         return "positions" if value else "no positions"
     return f"{field} {value}"
