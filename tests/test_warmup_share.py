@@ -10,6 +10,7 @@ import pytest
 
 from musketeers.cache.errors import UserError
 from musketeers.checks.planted import planted_config
+from musketeers.design.comparisons import comparison_names
 from musketeers.design.gridspec import run_name
 from musketeers.method import methods, warmup
 from musketeers.reports.report import _supervised_warmup
@@ -164,3 +165,11 @@ def test_the_taught_claims_compare_cells_of_the_named_shares():
     assert cells("Single (50% asked) > Single") == (["single-asked"], ["single"])
     # the plain channel claims keep to the plain warm-up
     assert cells("oracle (answer) > Single") == (["oracle"], ["single"])
+
+
+def test_every_claim_has_a_name_of_its_own():
+    """A claim declared once per channel that does not name its channel would sit twice in a
+    verdict table (and twice in Holm's family): what a share costs Single is one claim."""
+    names = comparison_names()
+    assert len(names) == len(set(names)), [n for n in names if names.count(n) > 1]
+    assert names.count("Single (50% asked) > Single") == 1

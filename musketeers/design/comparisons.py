@@ -66,9 +66,9 @@ TAUGHT_SHARES = (0.5,)
 
 
 def taught_comparisons(channel: str, share: float) -> tuple[Comparison, ...]:
-    """Claims on warm-ups that teach the read (``share`` of each step's rows asked another
-    row's question, every arm alike): the positive control against Single on that warm-up and
-    against the oracle on the plain one, and what the share costs Single's own route."""
+    """Claims on warm-ups that teach the read through ``channel`` (``share`` of each step's
+    rows asked another row's question, every arm alike): the positive control against Single
+    on that warm-up and against the oracle on the plain one, and the default team's."""
     on = {"channel": channel, "token_layer": DEFAULT_TOKEN_LAYER}
     taught = {"warmup_permute_share": share}
     oracle = {**OURS, "team": "oracle"}
@@ -85,10 +85,15 @@ def taught_comparisons(channel: str, share: float) -> tuple[Comparison, ...]:
                    {"method": "single", **taught},
                    f"taught to read C, the default team's states help through {channel}",
                    defaults=on),
-        Comparison(f"Single ({tag}) > Single", {"method": "single", **taught},
-                   {"method": "single"},
-                   "the permuted rows do not cost the policy's own route", defaults=on),
     )
+
+
+def share_cost(share: float) -> Comparison:
+    """What asking ``share`` of the warm-up's rows another question costs Single's own route:
+    one claim per share, whatever channel the other arms read."""
+    return Comparison(f"Single ({share_label(share)}) > Single",
+                      {"method": "single", "warmup_permute_share": share}, {"method": "single"},
+                      "the permuted rows do not cost the policy's own route")
 
 
 COMPARISONS: tuple[Comparison, ...] = (
@@ -120,6 +125,7 @@ COMPARISONS: tuple[Comparison, ...] = (
     *(c for channel in CHANNELS if channel != POOLED for c in channel_comparisons(channel)),
     *(c for channel in CHANNELS if channel != POOLED for share in TAUGHT_SHARES
       for c in taught_comparisons(channel, share)),
+    *(share_cost(share) for share in TAUGHT_SHARES),
 )
 
 
