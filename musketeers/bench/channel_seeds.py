@@ -74,22 +74,23 @@ def check_arm(label: str, runs: list[dict]) -> None:
     seeds = [r["seed"] for r in runs]
     if len(set(seeds)) != len(seeds):
         raise ValueError(f"arm {label}: seed listed twice ({seeds}); give each seed once")
+    configs = [config_of(r) for r in runs]
     for key in CONFIG:
-        values = {json.dumps(r.get(key), sort_keys=True) for r in runs}
+        values = {c[key] for c in configs}
         if len(values) > 1:
             raise ValueError(f"arm {label}: its runs differ in {key} ({', '.join(sorted(values))})"
                              "; put each configuration in its own --arm")
 
 
+def config_of(run: dict) -> dict[str, str]:
+    """A run's ``CONFIG`` fields, each as comparable JSON text (None where it lacks one)."""
+    return {k: json.dumps(run.get(k), sort_keys=True) for k in CONFIG}
+
+
 def differing(a: list[dict], b: list[dict]) -> list[str]:
-    """The configuration fields in which two arms differ."""
-    return [k for k in CONFIG if json.dumps(a[0].get(k), sort_keys=True)
-            != json.dumps(b[0].get(k), sort_keys=True)]
-
-
-def over_seeds(values: list[float]) -> SeedTest:
-    """Mean of per-seed values against 0: a t over the seeds, k − 1 df (None p on one)."""
-    return paired_seed_test(values)
+    """The configuration fields in which two arms differ (``check_arm`` made each arm one)."""
+    ca, cb = config_of(a[0]), config_of(b[0])
+    return [k for k in CONFIG if ca[k] != cb[k]]
 
 
 def paired_by_seed(a: list[dict], b: list[dict]) -> dict[str, SeedTest]:
@@ -99,7 +100,7 @@ def paired_by_seed(a: list[dict], b: list[dict]) -> dict[str, SeedTest]:
         raise ValueError(f"the arms ran different seeds ({sorted(sa)} and {sorted(sb)}); "
                          "pair them on the same seeds")
     seeds = sorted(sa)
-    return {name: over_seeds([get(sb[s]) - get(sa[s]) for s in seeds])
+    return {name: paired_seed_test([get(sb[s]) - get(sa[s]) for s in seeds])
             for name, get in MEASURES.items()}
 
 
@@ -119,7 +120,8 @@ def arm_lines(label: str, runs: list[dict]) -> list[str]:
     for r in runs:
         cells = " | ".join(f"{get(r):.2f}" for get in MEASURES.values())
         lines.append(f"| {r['seed']} | {r.get('threads', '?')} | {cells} |")
-    read = over_seeds([MEASURES["own − another's C (NLL)"](r) for r in runs])
+    # a mean of per-seed values against 0: a t over the seeds, k − 1 df
+    read = paired_seed_test([MEASURES["own − another's C (NLL)"](r) for r in runs])
     return lines + ["", f"The read over {len(runs)} seed(s), own − another's C: {_test(read)}"]
 
 
