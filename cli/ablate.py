@@ -72,6 +72,7 @@ def ablate(
         adopt_published,
         publish_finished,
         publish_runs,
+        same_pack,
         set_aside_published,
     )
     from musketeers.grid.run import run_grid
@@ -153,10 +154,14 @@ def ablate(
         with opened(runs_dir) as folder:  # the published runs' pack, when named
             path = write_report(g, folder, reports_dir, wall_time=wall_time_lines(g, folder),
                                 shown=runs_dir)
-        copied = publish_runs(g, runs_dir, path.parent / "runs")
-        typer.echo(f"report: {path} (with the artefacts of {len(copied)} finished runs in "
-                   f"{pack_of(path.parent / 'runs')}: commit {path.parent} to publish the "
-                   "result)")
+        if same_pack(runs_dir, path.parent / "runs"):  # rebuilt from the published runs
+            typer.echo(f"report: {path} (rebuilt from the published runs in "
+                       f"{pack_of(path.parent / 'runs')})")
+        else:
+            copied = publish_runs(g, runs_dir, path.parent / "runs")
+            typer.echo(f"report: {path} (with the artefacts of {len(copied)} finished runs "
+                       f"in {pack_of(path.parent / 'runs')}: commit {path.parent} to publish "
+                       "the result)")
     _exit_on_failures(failed, runs_dir)
 
 

@@ -81,6 +81,13 @@ def test_the_report_from_the_pack_is_the_report_from_the_folder(tmp_path: Path, 
     with opened(pack_of(published)) as named:  # the pack named directly reads the same
         assert sorted(p.name for p in named.iterdir()) == sorted(
             [*(r.name for r in grid.runs), "ledger-g.jsonl"])
+    # rebuilt in place from its own pack: said so, not "the artefacts of 0 finished runs"
+    before = pack_of(published).read_bytes()
+    code, out, err = run_cli(monkeypatch, capsys, "ablate", "--grid", "g.yaml", "--report-only",
+                             "--runs-dir", "reports/g/runs", "--reports-dir", "reports")
+    assert code == 0, err
+    assert "rebuilt from the published runs in reports/g/runs.tar.xz" in out, out
+    assert pack_of(published).read_bytes() == before
 
 
 def test_a_finished_run_is_published_into_the_pack_and_adopted_from_it(tmp_path: Path):

@@ -75,7 +75,7 @@ def publish_run(src: Path, dest: Path, root: Path | None = None,
             shutil.copyfile(src / name, dest / name, follow_symlinks=False)
 
 
-def _same(runs_dir: Path, published: Path) -> bool:
+def same_pack(runs_dir: Path, published: Path) -> bool:
     """Whether ``runs_dir`` is the published folder itself or its pack (a report rebuilt from
     the published runs has nothing to publish)."""
     return pack_of(runs_dir).resolve() == pack_of(published).resolve()
@@ -87,7 +87,7 @@ def publish_runs(grid: Grid, runs_dir: Path, dest: Path) -> list[str]:
     it."""
     runs_dir, dest = Path(runs_dir), Path(dest)
     done = [run.name for run in grid.runs if is_finished(runs_dir / run.name)]
-    if _same(runs_dir, dest) or not (done or ledger_path(runs_dir, grid.name).is_file()):
+    if same_pack(runs_dir, dest) or not (done or ledger_path(runs_dir, grid.name).is_file()):
         return []
     with editing(dest) as folder:
         for name in done:
@@ -126,7 +126,7 @@ def publish_ledger(grid: Grid, runs_dir: Path, dest: Path) -> None:
     calls first. Workers of one grid (``--shard``) publish into one pack, each its own calls
     (``editing`` takes them one at a time: two merging at once would lose calls)."""
     ledger = ledger_path(runs_dir, grid.name)
-    if _same(runs_dir, dest) or not regular_file(ledger, ledger.parent):
+    if same_pack(runs_dir, dest) or not regular_file(ledger, ledger.parent):
         return
     with editing(dest) as folder:
         merge_ledger(grid, runs_dir, folder)
@@ -154,7 +154,7 @@ def adopt_published(grid: Grid, runs_dir: Path, published: Path) -> list[str]:
     skips those runs (after the usual check that their settings are the grid's) and runs the
     rest. A local run folder is never overwritten."""
     runs_dir = Path(runs_dir)
-    if _same(runs_dir, published):
+    if same_pack(runs_dir, published):
         return []
     with opened(published) as folder:
         return _adopt(grid, runs_dir, folder)
